@@ -1,0 +1,146 @@
+"""An exported artifact: call it like the model, save it, load it back.
+
+``exported(**inputs)`` runs the artifact in its own runtime and returns ``{output name: tensor}``, named and ordered
+like the eager model's outputs flattened with :func:`exporters.utils.named_leaves`, so parity is one comparison.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from importlib import metadata as package_metadata
+from pathlib import Path
+from typing import Any, ClassVar
+
+from .utils import check_backend, named_leaves
+
+METADATA_FILE = "export.json"
+VERSIONED_PACKAGES = ("torch", "transformers", "onnx", "onnxscript", "onnxruntime", "executorch")
+
+
+def package_versions() -> dict[str, str | None]:
+    versions = {}
+    for package in VERSIONED_PACKAGES:
+        try:
+            versions[package] = package_metadata.version(package)
+        except package_metadata.PackageNotFoundError:
+            versions[package] = None
+    versions["python"] = platform.python_version()
+    return versions
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+        return value
+    except TypeError:
+        return repr(value)
+
+
+class Exported:
+    """Base of the three artifacts. Subclasses set ``backend``/``program_file`` and implement the runtime hooks."""
+
+    backend: ClassVar[str]
+    program_file: ClassVar[str]
+
+    def __init__(self, program: Any, metadata: dict):
+        self.program = program
+        self.metadata = metadata
+
+    @property
+    def input_names(self) -> list[str]:
+        return self.metadata["input_names"]
+
+    @property
+    def output_names(self) -> list[str]:
+        return self.metadata["output_names"]
+
+    @property
+    def applied(self) -> list[str]:
+        """The workarounds that fired during this export."""
+        return self.metadata.get("applied", [])
+
+    def __call__(self, **inputs) -> dict[str, Any]:
+        constants = self.metadata.get("constants", {})
+        traced = {}
+        for name, value in inputs.items():
+            if name in constants:
+                if _jsonable(value) != constants[name]:
+                    raise ValueError(
+                        f"{name}={value!r} differs from the value baked into this {self.backend} export "
+                        f"({constants[name]!r}); export again to change it"
+                    )
+            else:
+                traced[name] = value
+        outputs = self._run(traced)
+        if len(outputs) != len(self.output_names):
+            raise RuntimeError(
+                f"{self.backend} artifact returned {len(outputs)} outputs, its export recorded "
+                f"{len(self.output_names)} ({', '.join(self.output_names)})"
+            )
+        return dict(zip(self.output_names, outputs))
+
+    def _feed(self, traced: dict[str, Any]) -> list[Any]:
+        """The input tensors in the order the program takes them."""
+        leaves = named_leaves(traced)
+        missing = [name for name in self.input_names if name not in leaves]
+        if missing:
+            raise TypeError(f"{self.backend} artifact is missing inputs: {', '.join(missing)}")
+        return [leaves[name].contiguous() for name in self.input_names]
+
+    def _run(self, traced: dict[str, Any]) -> list[Any]:
+        raise NotImplementedError
+
+    def save(self, directory: str | Path) -> Path:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self._save_program(directory / self.program_file)
+        (directory / METADATA_FILE).write_text(json.dumps(self.metadata, indent=1, default=repr))
+        return directory
+
+    def _save_program(self, path: Path) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def _load(cls, directory: Path, metadata: dict) -> Exported:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.metadata.get('model_class', '?')}: {len(self.input_names)} inputs, {len(self.output_names)} outputs>"
+
+
+def build_metadata(backend: str, model, traced_inputs: dict, constants: dict, input_names, output_names, config, log) -> dict:
+    from dataclasses import asdict
+
+    return {
+        "backend": backend,
+        "model_class": type(model).__name__,
+        "input_names": list(input_names),
+        "output_names": list(output_names),
+        "constants": {name: _jsonable(value) for name, value in constants.items()},
+        "config": {key: _jsonable(value) for key, value in asdict(config).items()},
+        "stages": log.stages,
+        "applied": log.applied,
+        "versions": package_versions(),
+    }
+
+
+def load(directory: str | Path) -> Exported:
+    """Load an artifact written by ``Exported.save``; the backend is read from its metadata."""
+    directory = Path(directory)
+    path = directory / METADATA_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{directory} holds no {METADATA_FILE}: not a saved export")
+    try:
+        metadata = json.loads(path.read_text())
+        backend = check_backend(metadata["backend"])
+    except (json.JSONDecodeError, KeyError, ValueError) as error:
+        raise ValueError(f"{path}: unreadable export metadata ({error})") from None
+    from . import exporter_dynamo, exporter_executorch, exporter_onnx
+
+    artifact_class = {
+        "dynamo": exporter_dynamo.DynamoExported,
+        "onnx": exporter_onnx.OnnxExported,
+        "executorch": exporter_executorch.ExecutorchExported,
+    }[backend]
+    return artifact_class._load(directory, metadata)

@@ -1,0 +1,345 @@
+"""DynamoExporter: a transformers model to a ``torch.export`` ``ExportedProgram``.
+
+``trace_model`` is the part the ONNX and ExecuTorch exporters share; it runs these stages in order:
+
+1. forward signature: ``model.forward`` takes exactly the traced inputs, by name (internal);
+2. model patches: ``@register_patch("dynamo", ...)``;
+3. pytree registration: every ``Cache`` (and model-local ``*Cache``) type flattens to its tensors and rebuilds;
+4. dynamic shapes: ``Dim.AUTO`` on every axis of every input tensor and cache leaf, or ``config.dynamic_shapes``;
+5. state cleanup: tensor attributes a model caches in ``forward`` (``_STATEFUL_CACHE_ATTRS``) are emptied for the
+   trace and restored after it, so neither stale eager state nor fake tensors cross the trace.
+
+Then ``torch.export.export`` traces the model.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils import _pytree
+
+from .exported import Exported, build_metadata
+from .utils import (
+    DynamoExportError,
+    StageLog,
+    apply_patches,
+    named_leaves,
+    register_patch,
+    spec_leaf_names,
+    split_inputs,
+)
+
+
+@dataclass
+class DynamoConfig:
+    dynamic: bool = False
+    # Overrides the automatic Dim.AUTO shapes: {input name: spec}, as torch.export takes it.
+    dynamic_shapes: Any = None
+    strict: bool = False
+
+
+class DynamoExported(Exported):
+    backend = "dynamo"
+    program_file = "model.pt2"
+
+    def __init__(self, program, metadata):
+        super().__init__(program, metadata)
+        self._module = None
+
+    def _run(self, traced):
+        if self._module is None:
+            self._module = self.program.module()
+        with torch.no_grad():
+            outputs = named_leaves(self._module(**traced))
+        return [outputs[name] for name in self.output_names]
+
+    def _save_program(self, path: Path) -> None:
+        torch.export.save(self.program, str(path))
+
+    @classmethod
+    def _load(cls, directory, metadata):
+        register_pytree_nodes()
+        return cls(torch.export.load(str(directory / cls.program_file)), metadata)
+
+
+class DynamoExporter:
+    """``DynamoExporter().export(model, inputs, DynamoConfig(dynamic=True))`` -> a callable ``DynamoExported``."""
+
+    def export(self, model: torch.nn.Module, inputs: dict[str, Any], config: DynamoConfig | None = None) -> DynamoExported:
+        config = config or DynamoConfig()
+        log = StageLog(DynamoExportError)
+        traced = trace_model(model, inputs, config, log)
+        metadata = build_metadata(
+            "dynamo", model, inputs, traced.constants, traced.input_names, traced.output_names, config, log
+        )
+        return DynamoExported(traced.program, metadata)
+
+
+@dataclass
+class Traced:
+    program: torch.export.ExportedProgram
+    input_names: list[str]
+    output_names: list[str]
+    constants: dict[str, Any]
+
+
+def trace_model(model: torch.nn.Module, inputs: dict[str, Any], config: DynamoConfig, log: StageLog) -> Traced:
+    """Run stages 1 to 5 around ``torch.export.export``; every failure names its stage."""
+    traced_inputs, constants = split_inputs(inputs)
+    fired: set[str] = set()
+    with ExitStack() as active, torch.no_grad():
+        with log.stage("signature"):
+            active.enter_context(flat_forward(model, list(traced_inputs), constants))
+        with log.stage("model-patches"):
+            active.enter_context(apply_patches("dynamo", fired))
+        with log.stage("pytree"):
+            register_pytree_nodes(model)
+        with log.stage("dynamic-shapes"):
+            dynamic_shapes = config.dynamic_shapes
+            if dynamic_shapes is None and config.dynamic:
+                dynamic_shapes = {name: auto_dynamic_shapes(value) for name, value in traced_inputs.items()}
+        with log.stage("state-cleanup"):
+            active.enter_context(cleared_model_state(model))
+        try:
+            with log.stage("torch-export"):
+                program = torch.export.export(
+                    model, (), kwargs=dict(traced_inputs), dynamic_shapes=dynamic_shapes, strict=config.strict
+                )
+        finally:
+            log.note(sorted(fired))
+    # The in_spec is ((), {kwargs}): drop the leading args/kwargs index from each name.
+    input_names = [name.split(".", 1)[1] for name in spec_leaf_names(program.call_spec.in_spec)]
+    output_names = spec_leaf_names(program.call_spec.out_spec)
+    return Traced(program, input_names, output_names, constants)
+
+
+# ── Stage 1: Forward signature ───────────────────────────────────────────────
+# transformers forwards end in `**kwargs`; torch.export folds every keyword into that one bundle and then cannot
+# match `dynamic_shapes` by name. A forward with exactly the traced names avoids it; constants (flags like
+# `use_cache=False`) are bound inside instead of becoming program inputs.
+
+
+@contextmanager
+def flat_forward(model: torch.nn.Module, names: list[str], constants: dict[str, Any]):
+    had_own = "forward" in vars(model)
+    original = model.forward
+
+    def forward(*args, **kwargs):
+        kwargs.update(zip(names, args))
+        return original(**kwargs, **constants)
+
+    forward.__signature__ = inspect.Signature(
+        [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in names]
+    )
+    model.forward = forward
+    try:
+        yield
+    finally:
+        if had_own:
+            model.forward = original
+        else:
+            del model.forward
+
+
+# ── Stage 2: Model patches ───────────────────────────────────────────────────
+# `@register_patch("dynamo", path)` factories, installed for the trace by `apply_patches("dynamo")`. The ONNX and
+# ExecuTorch exporters trace through this stage too, so a fix here serves all three backends.
+
+
+@register_patch("dynamo", "transformers.models.nllb_moe.modeling_nllb_moe.NllbMoeTop2Router._cast_classifier")
+def _patch_nllb_moe_classifier_cast(_original):
+    """NLLB-MoE's router re-casts its classifier weights in forward (a module mutation torch.export cannot trace)."""
+
+    def skip_cast(self, *args, **kwargs):
+        return None
+
+    return skip_cast
+
+
+# ── Stage 3: Pytree registration ─────────────────────────────────────────────
+# A cache flattens to its tensors (the leaves, keyed by attribute path like `layers.0.keys`) and a JSON skeleton
+# of everything else (the context), from which `_unflatten_from_context` rebuilds an equal object. The skeleton is
+# a string, so it is hashable, comparable and saved as is with a `.pt2`. A type the attribute walk cannot handle
+# gets a branch in both functions.
+
+_TAG = "§"  # marks a skeleton node that is not plain JSON
+
+
+def _qualified_name(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _import_qualified(name: str) -> Any:
+    module_name, _, qualname = name.partition(":")
+    value = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _concrete(symbolic):
+    """The value of a symbolic scalar that the trace has already fixed, else None."""
+    from torch.fx.experimental.symbolic_shapes import free_symbols
+
+    if free_symbols(symbolic):
+        return None
+    return {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(symbolic)](symbolic)
+
+
+def _flatten_to_context(value: Any, path: str, leaves: list) -> Any:
+    """The JSON skeleton of ``value``; its tensors (and free symbolic scalars) are appended to ``leaves``."""
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        fixed = _concrete(value)
+        if fixed is not None:
+            return fixed
+    if isinstance(value, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)):
+        leaves.append((path, value))
+        return {_TAG: "leaf", "index": len(leaves) - 1}
+    if isinstance(value, torch.dtype):
+        return {_TAG: "dtype", "name": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.device):
+        return {_TAG: "device", "name": str(value)}
+    if isinstance(value, type):
+        return {_TAG: "type", "name": _qualified_name(value)}
+    if isinstance(value, torch.nn.Module):
+        raise TypeError(f"{path or 'value'}: a {type(value).__name__} module inside a cache cannot be flattened")
+    join = f"{path}." if path else ""
+    if type(value) in (list, tuple):
+        items = [_flatten_to_context(item, f"{join}{i}", leaves) for i, item in enumerate(value)]
+        return items if type(value) is list else {_TAG: "tuple", "items": items}
+    if isinstance(value, dict):
+        pairs = [[key, _flatten_to_context(item, f"{join}{key}", leaves)] for key, item in value.items()]
+        return {_TAG: "dict", "class": _qualified_name(type(value)), "pairs": pairs}
+    if hasattr(value, "__dict__") and not callable(value):
+        state = {key: _flatten_to_context(item, f"{join}{key}", leaves) for key, item in vars(value).items()}
+        return {_TAG: "object", "class": _qualified_name(type(value)), "state": state}
+    raise TypeError(f"{path or 'value'}: cannot flatten a {type(value).__name__} for torch.export")
+
+
+def _unflatten_from_context(skeleton: Any, leaves: list) -> Any:
+    if isinstance(skeleton, list):
+        return [_unflatten_from_context(item, leaves) for item in skeleton]
+    if not isinstance(skeleton, dict):
+        return skeleton
+    kind = skeleton[_TAG]
+    if kind == "leaf":
+        return leaves[skeleton["index"]]
+    if kind == "dtype":
+        return getattr(torch, skeleton["name"])
+    if kind == "device":
+        return torch.device(skeleton["name"])
+    if kind == "type":
+        return _import_qualified(skeleton["name"])
+    if kind == "tuple":
+        return tuple(_unflatten_from_context(item, leaves) for item in skeleton["items"])
+    if kind == "dict":
+        cls = _import_qualified(skeleton["class"])
+        return cls((key, _unflatten_from_context(item, leaves)) for key, item in skeleton["pairs"])
+    if kind == "object":
+        cls = _import_qualified(skeleton["class"])
+        value = cls.__new__(cls)
+        value.__dict__.update({key: _unflatten_from_context(item, leaves) for key, item in skeleton["state"].items()})
+        return value
+    raise ValueError(f"unknown skeleton node {kind!r}")
+
+
+def _flatten_with_keys(value):
+    leaves: list = []
+    skeleton = _flatten_to_context(value, "", leaves)
+    return [(_pytree.GetAttrKey(path), leaf) for path, leaf in leaves], json.dumps(skeleton)
+
+
+def _flatten(value):
+    keyed, context = _flatten_with_keys(value)
+    return [leaf for _key, leaf in keyed], context
+
+
+def _unflatten(leaves, context: str):
+    return _unflatten_from_context(json.loads(context), list(leaves))
+
+
+def _register(cls: type) -> None:
+    if cls in _pytree.SUPPORTED_NODES:
+        return
+    _pytree.register_pytree_node(
+        cls,
+        _flatten,
+        _unflatten,
+        serialized_type_name=_qualified_name(cls),
+        flatten_with_keys_fn=_flatten_with_keys,
+        to_dumpable_context=lambda context: context,
+        from_dumpable_context=lambda context: context,
+    )
+
+
+def _subclasses(cls: type):
+    for subclass in cls.__subclasses__():
+        yield subclass
+        yield from _subclasses(subclass)
+
+
+def register_pytree_nodes(model: torch.nn.Module | None = None) -> None:
+    """Register every transformers ``Cache`` type, and the ``*Cache`` classes of ``model``'s module."""
+    from transformers.cache_utils import Cache
+
+    for cls in [Cache, *_subclasses(Cache)]:
+        _register(cls)
+    if model is not None:
+        module = inspect.getmodule(type(model))
+        for _name, value in inspect.getmembers(module, inspect.isclass):
+            if value.__module__ == module.__name__ and value.__name__.endswith("Cache"):
+                _register(value)
+
+
+# ── Stage 4: Dynamic shapes ──────────────────────────────────────────────────
+
+
+def auto_dynamic_shapes(value: Any) -> Any:
+    """``Dim.AUTO`` on every axis of every tensor in ``value``, in the structure torch.export matches inputs by."""
+    if isinstance(value, torch.Tensor):
+        return {axis: torch.export.Dim.AUTO for axis in range(value.dim())}
+    if type(value) in (list, tuple):
+        return type(value)(auto_dynamic_shapes(item) for item in value)
+    if type(value) is dict:
+        return {key: auto_dynamic_shapes(item) for key, item in value.items()}
+    node = _pytree.SUPPORTED_NODES.get(type(value))
+    if node is not None:  # a Cache or ModelOutput: one spec per child of its flatten
+        children, _context = node.flatten_fn(value)
+        return [auto_dynamic_shapes(child) for child in children]
+    return None
+
+
+# ── Stage 5: State cleanup ───────────────────────────────────────────────────
+# Attributes some modules fill in forward and read back on the next call (rotary tables cached by sequence length).
+# Set during a trace they would hold fake tensors; left from an eager call they would be baked in as constants.
+
+_STATEFUL_CACHE_ATTRS = (
+    "cached_rotary_positional_embedding",  # Wav2Vec2-BERT, SeamlessM4T conformer rotary tables
+    "cached_sequence_length",
+)
+
+
+@contextmanager
+def cleared_model_state(model: torch.nn.Module):
+    saved = [
+        (module, name, getattr(module, name))
+        for module in model.modules()
+        for name in _STATEFUL_CACHE_ATTRS
+        if hasattr(module, name)
+    ]
+    for module, name, _value in saved:
+        setattr(module, name, None)
+    try:
+        yield
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)

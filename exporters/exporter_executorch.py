@@ -1,0 +1,191 @@
+"""ExecutorchExporter: a transformers model to an ExecuTorch ``.pte`` program run by the ExecuTorch runtime.
+
+Around ``to_edge_transform_and_lower`` and ``to_executorch``, in five stages:
+
+1. backend preparation: ``prepare_for_<name>`` (``_BACKEND_PREPARE``) puts the model on the backend's device and
+   dtype and returns its partitioners;
+2. torch patches: ``@register_patch("executorch", "torch....")``, active while the model is traced;
+3. ExecuTorch patches: ``@register_patch("executorch", "executorch....")``, active while it is lowered;
+4. FX program fixes: ``@register_fx_program_fix("executorch")``, when the fix needs the whole program;
+5. FX node fixes: ``@register_fx_node_fix("executorch")``, one node at a time.
+
+ExecuTorch is imported on first use: it costs seconds, and the other backends do not need it.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .exported import Exported, build_metadata
+from .exporter_dynamo import DynamoConfig, trace_model
+from .utils import (
+    EXECUTORCH_BACKENDS,
+    ExecutorchExportError,
+    StageLog,
+    apply_fx_node_fixes,
+    apply_fx_program_fixes,
+    apply_patches,
+    is_backend_internal,
+    register_executorch_backend,
+    register_fx_program_fix,
+)
+
+_BACKEND_PREPARE = EXECUTORCH_BACKENDS
+
+
+@dataclass
+class ExecutorchConfig(DynamoConfig):
+    backend: str = "xnnpack"
+
+
+class ExecutorchExported(Exported):
+    backend = "executorch"
+    program_file = "model.pte"
+
+    def __init__(self, program: bytes, metadata):
+        super().__init__(program, metadata)
+        self._method = None
+
+    @property
+    def method(self):
+        if self._method is None:
+            from executorch.runtime import Runtime
+
+            self._method = Runtime.get().load_program(self.program).load_method("forward")
+        return self._method
+
+    def _run(self, traced):
+        return list(self.method.execute(self._feed(traced)))
+
+    def _save_program(self, path: Path) -> None:
+        path.write_bytes(self.program)
+
+    @classmethod
+    def _load(cls, directory, metadata):
+        return cls((directory / cls.program_file).read_bytes(), metadata)
+
+
+class ExecutorchExporter:
+    """``ExecutorchExporter().export(model, inputs, ExecutorchConfig())`` -> a callable ``ExecutorchExported``."""
+
+    def export(self, model: torch.nn.Module, inputs: dict, config: ExecutorchConfig | None = None) -> ExecutorchExported:
+        config = config or ExecutorchConfig()
+        log = StageLog(ExecutorchExportError)
+        fired: set[str] = set()
+        try:
+            with log.stage("backend-preparation"):
+                if config.backend not in _BACKEND_PREPARE:
+                    raise ValueError(
+                        f"unknown ExecuTorch backend {config.backend!r}: expected one of {', '.join(_BACKEND_PREPARE)}"
+                    )
+                partitioners = _BACKEND_PREPARE[config.backend](model)
+            with ExitStack() as active:
+                with log.stage("torch-patches"):
+                    active.enter_context(
+                        apply_patches("executorch", fired, select=lambda path: not is_backend_internal(path))
+                    )
+                traced = trace_model(model, inputs, config, log)
+            with ExitStack() as active:
+                with log.stage("executorch-patches"):
+                    active.enter_context(apply_patches("executorch", fired, select=is_backend_internal))
+                with log.stage("fx-program-fixes"):
+                    apply_fx_program_fixes("executorch", traced.program, log.applied)
+                with log.stage("fx-node-fixes"):
+                    apply_fx_node_fixes("executorch", traced.program.graph_module, log.applied)
+                from executorch.exir import to_edge_transform_and_lower
+
+                with log.stage("to-edge"):
+                    edge = to_edge_transform_and_lower(traced.program, partitioner=partitioners)
+                with log.stage("to-executorch"):
+                    program = edge.to_executorch().buffer
+        finally:
+            log.note(sorted(fired))
+        metadata = build_metadata(
+            "executorch", model, inputs, traced.constants, traced.input_names, traced.output_names, config, log
+        )
+        return ExecutorchExported(program, metadata)
+
+
+# ── Stage 1: Backend preparation ─────────────────────────────────────────────
+# `@register_executorch_backend(name)` on `prepare_for_<name>(model) -> partitioners`.
+
+
+@register_executorch_backend("xnnpack")
+def prepare_for_xnnpack(model):
+    """XNNPACK: float32 on the CPU, delegated subgraphs where XNNPACK has kernels, the portable ops elsewhere."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    model.to(device="cpu", dtype=torch.float32)
+    return [XnnpackPartitioner()]
+
+
+@register_executorch_backend("portable")
+def prepare_for_portable(model):
+    """Portable: ExecuTorch's reference kernels only, no delegate."""
+    model.to(device="cpu", dtype=torch.float32)
+    return []
+
+
+@register_executorch_backend("cuda")
+def prepare_for_cuda(model):
+    """CUDA: the ExecuTorch CUDA delegate, which needs a CUDA device."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("the ExecuTorch 'cuda' backend needs a CUDA device, and this machine has none")
+    from executorch.backends.cuda.cuda_partitioner import CudaPartitioner
+
+    model.to(device="cuda")
+    return [CudaPartitioner([])]
+
+
+# ── Stage 2: Torch patches ───────────────────────────────────────────────────
+# `@register_patch("executorch", "torch.<op>")`: ops the ExecuTorch backends cannot take as the model calls them.
+
+
+# ── Stage 3: ExecuTorch patches ──────────────────────────────────────────────
+# `@register_patch("executorch", "executorch.<internal>")`: lowering steps that fail on valid graphs.
+
+
+# ── Stage 4: FX program fixes ────────────────────────────────────────────────
+# `@register_fx_program_fix("executorch")`: `fix(exported_program) -> bool`.
+
+# An axis left unbounded by Dim.AUTO may grow to this many times its traced size (and at least to the floor).
+_DYNAMIC_GROWTH = 4
+_DYNAMIC_FLOOR = 32
+
+
+@register_fx_program_fix("executorch")
+def _fix_unbounded_dynamic_axes(exported_program) -> bool:
+    """ExecuTorch plans memory for a dynamic axis' upper bound; an unbounded axis gets only its traced size.
+
+    Gives every unbounded symbol a finite bound, in both places ExecuTorch reads: the program's range constraints
+    and the shape environment's ranges.
+    """
+    from torch.utils._sympy.numbers import IntInfinity
+    from torch.utils._sympy.value_ranges import ValueRanges
+
+    shape_env = next(
+        (
+            node.meta["val"].fake_mode.shape_env
+            for node in exported_program.graph.nodes
+            if isinstance(node.meta.get("val"), torch.Tensor) and getattr(node.meta["val"], "fake_mode", None)
+        ),
+        None,
+    )
+    traced_sizes = shape_env.backed_var_to_val if shape_env is not None else {}
+    changed = False
+    for ranges in (exported_program.range_constraints, shape_env.var_to_range if shape_env else {}):
+        for symbol, bounds in list(ranges.items()):
+            if not isinstance(bounds.upper, IntInfinity):
+                continue
+            traced = int(traced_sizes.get(symbol, bounds.lower))
+            ranges[symbol] = ValueRanges(bounds.lower, max(traced * _DYNAMIC_GROWTH, _DYNAMIC_FLOOR))
+            changed = True
+    return changed
+
+
+# ── Stage 5: FX node fixes ───────────────────────────────────────────────────
+# `@register_fx_node_fix("executorch")`: `fix(graph_module, node) -> bool`.

@@ -1,0 +1,201 @@
+"""OnnxExporter: a transformers model to an ONNX graph run by ONNX Runtime.
+
+Built on ``torch.onnx.export(..., dynamo=True)`` of the Dynamo trace (see exporter_dynamo.py), in five stages:
+
+1. torch patches: ``@register_patch("onnx", "torch....")``, active while the model is traced;
+2. ONNX patches: ``@register_patch("onnx", "torch.onnx....")`` and other exporter internals, active during the
+   conversion; one re-runs the FX node fixes after ``run_decompositions``, whose output has new nodes;
+3. FX node fixes: ``@register_fx_node_fix("onnx")``, on the traced graph and again after decompositions;
+4. ONNX translations: ``@register_onnx_translation(aten_op)`` (``_ONNX_TRANSLATION_TABLE``), for an aten op whose
+   default lowering is missing or wrong;
+5. ONNX IR fixes: ``@register_onnx_ir_fix`` (``_IR_FIXES``), on the finished graph, for ONNX Runtime bugs.
+
+``OnnxConfig(optimize=False)`` skips the onnxscript optimizer (run between 4 and 5).
+List every workaround: ``grep -nE "^def (_patch_|_fix_|_aten_)" exporters/exporter_onnx.py``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .exported import Exported, build_metadata
+from .exporter_dynamo import DynamoConfig, trace_model
+from .utils import (
+    ONNX_IR_FIXES,
+    ONNX_TRANSLATIONS,
+    OnnxExportError,
+    StageLog,
+    apply_fx_node_fixes,
+    apply_patches,
+    is_backend_internal,
+    register_fx_node_fix,
+    register_onnx_ir_fix,
+    register_patch,
+)
+
+_ONNX_TRANSLATION_TABLE = ONNX_TRANSLATIONS
+_IR_FIXES = ONNX_IR_FIXES
+
+
+@dataclass
+class OnnxConfig(DynamoConfig):
+    opset: int | None = None  # None: torch.onnx's default
+    optimize: bool = True
+
+
+class OnnxExported(Exported):
+    backend = "onnx"
+    program_file = "model.onnx"
+
+    def __init__(self, program, metadata, session=None):
+        super().__init__(program, metadata)
+        self._session = session
+
+    @property
+    def session(self):
+        if self._session is None:
+            import onnx_ir
+
+            self._session = open_session(onnx_ir.to_proto(self.program).SerializeToString())
+        return self._session
+
+    def _run(self, traced):
+        session_inputs = {value.name for value in self.session.get_inputs()}
+        feed = {
+            name: tensor.numpy()
+            for name, tensor in zip(self.input_names, self._feed(traced))
+            if name in session_inputs
+        }
+        return [torch.from_numpy(array) for array in self.session.run(None, feed)]
+
+    def _save_program(self, path: Path) -> None:
+        import onnx_ir
+
+        onnx_ir.save(self.program, str(path), external_data=f"{path.name}.data")
+
+    @classmethod
+    def _load(cls, directory, metadata):
+        import onnx_ir
+
+        path = directory / cls.program_file
+        return cls(onnx_ir.load(str(path)), metadata, session=open_session(str(path)))
+
+
+def open_session(model):
+    """An ONNX Runtime CPU session using as many threads as torch does here (the harness sets that one knob)."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    options.log_severity_level = 3
+    return onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+class OnnxExporter:
+    """``OnnxExporter().export(model, inputs, OnnxConfig(dynamic=True))`` -> a callable ``OnnxExported``."""
+
+    def export(self, model: torch.nn.Module, inputs: dict, config: OnnxConfig | None = None) -> OnnxExported:
+        config = config or OnnxConfig()
+        log = StageLog(OnnxExportError)
+        fired: set[str] = set()
+        try:
+            with ExitStack() as active:
+                with log.stage("torch-patches"):
+                    active.enter_context(apply_patches("onnx", fired, select=lambda path: not is_backend_internal(path)))
+                traced = trace_model(model, inputs, config, log)
+                active.close()  # torch patches serve the trace only
+                with log.stage("fx-node-fixes"):
+                    apply_fx_node_fixes("onnx", traced.program.graph_module, log.applied)
+                with log.stage("onnx-patches"):
+                    active.enter_context(apply_patches("onnx", fired, select=is_backend_internal))
+                    active.enter_context(_conversion_log(log))
+                with log.stage("onnx-translation"):
+                    onnx_program = torch.onnx.export(
+                        traced.program,
+                        (),
+                        kwargs={name: value for name, value in inputs.items() if name not in traced.constants},
+                        input_names=traced.input_names,
+                        output_names=traced.output_names,
+                        custom_translation_table=_ONNX_TRANSLATION_TABLE,
+                        opset_version=config.opset,
+                        optimize=False,
+                        dynamo=True,
+                        verbose=False,
+                    )
+            if config.optimize:
+                with log.stage("optimize"):
+                    onnx_program.optimize()
+            with log.stage("ir-fixes"):
+                log.note(fix.__name__ for fix in _IR_FIXES if fix(onnx_program.model))
+        finally:
+            log.note(sorted(fired))
+        metadata = build_metadata(
+            "onnx", model, inputs, traced.constants, traced.input_names, traced.output_names, config, log
+        )
+        return OnnxExported(onnx_program.model, metadata)
+
+
+# ── Stage 1: Torch patches ───────────────────────────────────────────────────
+# `@register_patch("onnx", "torch.<op>")`: replace a torch op the ONNX lowering cannot take as the model calls it.
+
+
+# ── Stage 2: ONNX patches ────────────────────────────────────────────────────
+# `@register_patch("onnx", "torch.onnx._internal....")`: hooks into the converter itself.
+
+_ACTIVE_LOG: contextvars.ContextVar[StageLog | None] = contextvars.ContextVar("onnx_stage_log", default=None)
+
+
+@contextmanager
+def _conversion_log(log: StageLog):
+    token = _ACTIVE_LOG.set(log)
+    try:
+        yield
+    finally:
+        _ACTIVE_LOG.reset(token)
+
+
+@register_patch("onnx", "torch.onnx._internal.exporter._core._prepare_exported_program_for_export")
+def _patch_refix_after_decompositions(original):
+    """Decompositions add nodes (shape guards, aliases) after stage 3 ran: run the FX node fixes on them too."""
+
+    def prepare(exported_program, *args, **kwargs):
+        log = _ACTIVE_LOG.get()
+        if log is None:  # an ONNX export outside OnnxExporter
+            return original(exported_program, *args, **kwargs)
+        with log.stage("decompositions"):
+            prepared = original(exported_program, *args, **kwargs)
+            apply_fx_node_fixes("onnx", prepared.graph_module, log.applied)
+            translated = {node.target for node in prepared.graph.nodes} & set(_ONNX_TRANSLATION_TABLE)
+            log.note(sorted(_ONNX_TRANSLATION_TABLE[target].__name__ for target in translated))
+        return prepared
+
+    return prepare
+
+
+# ── Stage 3: FX node fixes ───────────────────────────────────────────────────
+# `@register_fx_node_fix("onnx")`: `fix(graph_module, node) -> bool`, True when it rewrote the node.
+
+
+@register_fx_node_fix("onnx")
+def _fix_unused_symbolic_comparison(graph_module, node) -> bool:
+    """Shape guards like `sym_size <= int_oo` with no users: the lowering cannot take sympy infinities."""
+    import operator
+
+    comparisons = (operator.le, operator.lt, operator.ge, operator.gt, operator.eq, operator.ne)
+    if node.op != "call_function" or node.target not in comparisons or node.users:
+        return False
+    graph_module.graph.erase_node(node)
+    return True
+
+
+# ── Stage 4: ONNX translations ───────────────────────────────────────────────
+# `@register_onnx_translation(torch.ops.aten.<op>.<overload>)` on an onnxscript function `_aten_<op>`.
+
+
+# ── Stage 5: ONNX IR fixes ───────────────────────────────────────────────────
+# `@register_onnx_ir_fix` on `_fix_ir_<what>(model: onnx_ir.Model) -> bool`.
