@@ -163,6 +163,26 @@ def _patch_nllb_moe_classifier_cast(_original):
     return skip_cast
 
 
+@register_patch("dynamo", "transformers.models.nllb_moe.modeling_nllb_moe.NllbMoeExperts.forward")
+def _patch_nllb_moe_experts_dense(_original):
+    """NLLB-MoE loops over the experts a batch hits (`nonzero()`): a data-dependent loop torch.export cannot trace.
+
+    Runs every expert on every token and weights it by the routing mask instead, the same sum as eager's loop.
+    """
+
+    def forward(self, hidden_states, router_mask, router_probs):
+        output = torch.zeros_like(hidden_states)
+        for index in range(self.num_experts):
+            weight = ((router_mask == index).to(router_probs.dtype) * router_probs).sum(dim=-1, keepdim=True)
+            expert_output = self[f"expert_{index}"](hidden_states) * weight
+            if self.moe_token_dropout > 0 and not self.training:
+                expert_output = expert_output * (1 - self.moe_token_dropout)
+            output = output + expert_output.to(hidden_states.dtype)
+        return output
+
+    return forward
+
+
 # ── Stage 3: Pytree registration ─────────────────────────────────────────────
 # A cache flattens to its tensors (the leaves, keyed by attribute path like `layers.0.keys`) and a JSON skeleton
 # of everything else (the context), from which `_unflatten_from_context` rebuilds an equal object. The skeleton is

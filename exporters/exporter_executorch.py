@@ -31,6 +31,7 @@ from .utils import (
     apply_patches,
     is_backend_internal,
     register_executorch_backend,
+    register_fx_node_fix,
     register_fx_program_fix,
 )
 
@@ -189,3 +190,21 @@ def _fix_unbounded_dynamic_axes(exported_program) -> bool:
 
 # ── Stage 5: FX node fixes ───────────────────────────────────────────────────
 # `@register_fx_node_fix("executorch")`: `fix(graph_module, node) -> bool`.
+
+
+@register_fx_node_fix("executorch")
+def _fix_python_symbolic_op(graph_module, node) -> bool:
+    """Size arithmetic traced as a Python function (`torch.sym_float`): the edge verifier refuses Python functions.
+
+    ExecuTorch swaps these for `executorch_prim` ops itself, but only in `to_executorch`, after the verifier ran;
+    the swap is done here first (NLLB-MoE's dynamic expert capacity). Builtins (`operator.mul`, `math.ceil`) pass
+    the verifier and are left to ExecuTorch: `operator.mul` also multiplies tensors, which the prim op cannot.
+    """
+    import types
+
+    from executorch.exir.passes.executorch_prim_ops_registry import _PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS
+
+    if not isinstance(node.target, types.FunctionType) or node.target not in _PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS:
+        return False
+    node.target = _PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS[node.target]
+    return True

@@ -133,6 +133,7 @@ class OnnxExporter:
             with log.stage("ir-fixes"):
                 log.note(fix.__name__ for fix in _IR_FIXES if fix(onnx_program.model))
         finally:
+            fired.discard(_patch_refix_after_decompositions.__name__)  # the stage 2 hook itself, not a workaround
             log.note(sorted(fired))
         metadata = build_metadata(
             "onnx", model, inputs, traced.constants, traced.input_names, traced.output_names, config, log
@@ -142,6 +143,7 @@ class OnnxExporter:
 
 # ── Stage 1: Torch patches ───────────────────────────────────────────────────
 # `@register_patch("onnx", "torch.<op>")`: replace a torch op the ONNX lowering cannot take as the model calls it.
+
 
 
 # ── Stage 2: ONNX patches ────────────────────────────────────────────────────
@@ -182,14 +184,25 @@ def _patch_refix_after_decompositions(original):
 
 
 @register_fx_node_fix("onnx")
-def _fix_unused_symbolic_comparison(graph_module, node) -> bool:
-    """Shape guards like `sym_size <= int_oo` with no users: the lowering cannot take sympy infinities."""
-    import operator
+def _fix_reshape_of_strided_view(graph_module, node) -> bool:
+    """`reshape` of a transposed tensor: decompositions turn it into a `view` that their own strides then refuse.
 
-    comparisons = (operator.le, operator.lt, operator.ge, operator.gt, operator.eq, operator.ne)
-    if node.op != "call_function" or node.target not in comparisons or node.users:
+    The trace sees SDPA's output in one layout and the decomposed SDPA produces another, so a reshape that was a
+    view at trace time needs a copy after ("Cannot view a tensor with shape ..."; T5). A contiguous clone
+    in front makes both layouts viewable; in ONNX it is an Identity the optimizer drops.
+    """
+    if node.target is not torch.ops.aten.reshape.default:
         return False
-    graph_module.graph.erase_node(node)
+    source = node.args[0]
+    layout_ops = (torch.ops.aten.transpose.int, torch.ops.aten.permute.default)
+    if not isinstance(source, torch.fx.Node) or source.target not in layout_ops:
+        return False
+    with graph_module.graph.inserting_before(node):
+        copy = graph_module.graph.call_function(
+            torch.ops.aten.clone.default, (source,), {"memory_format": torch.contiguous_format}
+        )
+    copy.meta["val"] = source.meta["val"].clone(memory_format=torch.contiguous_format)
+    node.replace_input_with(source, copy)
     return True
 
 

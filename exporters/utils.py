@@ -19,6 +19,7 @@ import functools
 import importlib
 import importlib.util
 import inspect
+import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -115,11 +116,27 @@ class StageLog:
                 self.applied.append(name)
 
     def _wrap(self, name: str, error: BaseException) -> ExportError:
+        # A stage failing inside a library call (a hook in torch.onnx) comes back wrapped by that library: keep the
+        # innermost stage, it is the one that failed.
+        inner = _cause_chain(error)
+        if inner is not None:
+            name, error = inner.stage, inner.__cause__ or inner
         message = f"{type(error).__name__}: {error}"
         wrapped = self.error_class(name, message, stages=self.stages, applied=self.applied)
         wrapped.cause_type = type(error).__name__
         wrapped.cause_traceback = "".join(traceback.format_exception(error))
         return wrapped
+
+
+def _cause_chain(error: BaseException) -> ExportError | None:
+    seen = set()
+    error = error.__cause__ or error.__context__
+    while error is not None and id(error) not in seen:
+        if isinstance(error, ExportError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 # ── Patches ───────────────────────────────────────────────────────────────────
@@ -168,10 +185,10 @@ def resolve_path(path: str) -> tuple[Any, str]:
     for end in range(len(parts) - 1, 0, -1):
         module_name = ".".join(parts[:end])
         try:
-            spec = importlib.util.find_spec(module_name)
+            found = module_name in sys.modules or importlib.util.find_spec(module_name) is not None
         except (ImportError, ValueError):
-            spec = None
-        if spec is not None:
+            found = False
+        if found:
             owner, start = importlib.import_module(module_name), end
             break
     if owner is None:
@@ -370,6 +387,34 @@ def workarounds(backend: str) -> dict[str, list[str]]:
     return listing
 
 
+@contextmanager
+def disabled_workarounds(*names: str) -> Iterator[None]:
+    """Unregister the named workarounds inside the block: shows whether a model still needs them."""
+    tables: list[list] = [*_PATCHES.values(), *_FX_NODE_FIXES.values(), *_FX_PROGRAM_FIXES.values(), ONNX_IR_FIXES]
+
+    def name_of(entry) -> str:
+        return entry.name if isinstance(entry, Patch) else entry.__name__
+
+    known = {name_of(entry) for table in tables for entry in table} | {f.__name__ for f in ONNX_TRANSLATIONS.values()}
+    unknown = sorted(set(names) - known)
+    if unknown:
+        raise KeyError(f"no registered workaround named {', '.join(unknown)}")
+    saved_tables = [(table, list(table)) for table in tables]
+    saved_translations = dict(ONNX_TRANSLATIONS)
+    for table in tables:
+        table[:] = [entry for entry in table if name_of(entry) not in names]
+    for op, function in saved_translations.items():
+        if function.__name__ in names:
+            del ONNX_TRANSLATIONS[op]
+    try:
+        yield
+    finally:
+        for table, entries in saved_tables:
+            table[:] = entries
+        ONNX_TRANSLATIONS.clear()
+        ONNX_TRANSLATIONS.update(saved_translations)
+
+
 # ── Named leaves: inputs and outputs by name ──────────────────────────────────
 
 
@@ -383,7 +428,7 @@ def key_path_name(path) -> str:
                 break
         else:
             parts.append(str(key))
-    return ".".join(parts)
+    return ".".join(parts) or "output"  # a bare tensor, not inside any container
 
 
 def named_leaves(tree: Any) -> dict[str, Any]:

@@ -1,0 +1,132 @@
+"""Tiny random transformers models, built from their config classes, and two input sets each.
+
+Set "A" is what a model is exported with; set "B" has another batch and sequence length, to run dynamic exports.
+"""
+
+import pytest
+import torch
+import transformers
+
+import exporters
+
+SIZES = {"A": (2, 7), "B": (3, 5)}
+VOCAB = 99
+
+
+def _tokens(batch, length):
+    return torch.randint(3, VOCAB, (batch, length))
+
+
+def _text(batch, length):
+    return {"input_ids": _tokens(batch, length), "attention_mask": torch.ones(batch, length, dtype=torch.long)}
+
+
+def _llama():
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64,
+    )
+    return transformers.LlamaForCausalLM(config), _text
+
+
+def _bert():
+    config = transformers.BertConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+        max_position_embeddings=64,
+    )
+
+    def inputs(batch, length):
+        return {**_text(batch, length), "token_type_ids": torch.zeros(batch, length, dtype=torch.long)}
+
+    return transformers.BertModel(config), inputs
+
+
+def _vit():
+    config = transformers.ViTConfig(
+        image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=37, num_labels=3,
+    )
+    return transformers.ViTForImageClassification(config), lambda batch, length: {
+        "pixel_values": torch.randn(batch, 3, 32, 32)
+    }
+
+
+def _whisper():
+    config = transformers.WhisperConfig(
+        vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=37, decoder_ffn_dim=37, num_mel_bins=8, max_source_positions=30,
+        max_target_positions=40, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
+    )
+    return transformers.WhisperForConditionalGeneration(config), lambda batch, length: {
+        "input_features": torch.randn(batch, 8, 60),  # 2 x max_source_positions frames
+        "decoder_input_ids": _tokens(batch, length),
+    }
+
+
+def _t5():
+    config = transformers.T5Config(
+        vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4, decoder_start_token_id=0
+    )
+    return transformers.T5ForConditionalGeneration(config), lambda batch, length: {
+        **_text(batch, length),
+        "decoder_input_ids": _tokens(batch, length),
+    }
+
+
+def _nllb_moe():
+    config = transformers.NllbMoeConfig(
+        vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=37, decoder_ffn_dim=37, num_experts=4, expert_capacity=8,
+        max_position_embeddings=64, encoder_sparse_step=2, decoder_sparse_step=2,
+    )
+    return transformers.NllbMoeForConditionalGeneration(config), lambda batch, length: {
+        **_text(batch, length),
+        "decoder_input_ids": _tokens(batch, length),
+    }
+
+
+TINY_MODELS = {
+    "LlamaForCausalLM": _llama,
+    "BertModel": _bert,
+    "ViTForImageClassification": _vit,
+    "WhisperForConditionalGeneration": _whisper,
+    "T5ForConditionalGeneration": _t5,
+    "NllbMoeForConditionalGeneration": _nllb_moe,
+}
+
+TOLERANCE = {"dynamo": 1e-4, "onnx": 1e-3, "executorch": 1e-3}
+
+
+class Tiny:
+    """A tiny model in eval mode, its input sets, and its eager outputs by name."""
+
+    def __init__(self, name):
+        torch.manual_seed(0)
+        self.model, make_inputs = TINY_MODELS[name]()
+        self.model.eval()
+        self.inputs = {label: make_inputs(*size) for label, size in SIZES.items()}
+        exporters.register_pytree_nodes(self.model)
+        with torch.no_grad():
+            self.expected = {label: exporters.named_leaves(self.model(**inputs)) for label, inputs in self.inputs.items()}
+
+
+def assert_parity(actual, expected, tolerance):
+    assert list(actual) == [name for name in expected if name in actual], "outputs are ordered like eager's"
+    assert set(actual) == set(expected), f"outputs differ: {sorted(set(actual) ^ set(expected))}"
+    for name, value in expected.items():
+        torch.testing.assert_close(actual[name], value, atol=tolerance, rtol=tolerance, msg=lambda m: f"{name}: {m}")
+
+
+_cache = {}
+
+
+@pytest.fixture
+def tiny():
+    """``tiny(name)``: the tiny model of a class, built once per test session."""
+
+    def get(name):
+        if name not in _cache:
+            _cache[name] = Tiny(name)
+        return _cache[name]
+
+    return get

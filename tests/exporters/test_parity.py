@@ -1,0 +1,58 @@
+"""Each required model through each exporter, static and dynamic, run in its real runtime and compared to eager."""
+
+import pytest
+
+import exporters
+
+from .conftest import TOLERANCE, assert_parity
+
+MODELS = [
+    "LlamaForCausalLM",
+    "BertModel",
+    "ViTForImageClassification",
+    "WhisperForConditionalGeneration",
+    "T5ForConditionalGeneration",
+]
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("backend", exporters.BACKENDS)
+@pytest.mark.parametrize("model_name", MODELS)
+def test_export_matches_eager(tiny, model_name, backend, dynamic):
+    model = tiny(model_name)
+    exporter, config = exporters.exporter_for(backend, dynamic=dynamic)
+    exported = exporter.export(model.model, model.inputs["A"], config)
+    assert_parity(exported(**model.inputs["A"]), model.expected["A"], TOLERANCE[backend])
+    if dynamic:  # exported at one batch and sequence size, run at another
+        assert_parity(exported(**model.inputs["B"]), model.expected["B"], TOLERANCE[backend])
+
+
+@pytest.mark.parametrize("backend", exporters.BACKENDS)
+def test_saved_artifact_loads_and_runs(tiny, backend, tmp_path):
+    model = tiny("LlamaForCausalLM")
+    exporter, config = exporters.exporter_for(backend, dynamic=True)
+    exported = exporter.export(model.model, model.inputs["A"], config)
+    exported.save(tmp_path)
+    loaded = exporters.load(tmp_path)
+    assert type(loaded) is type(exported)
+    assert loaded.metadata["stages"] == exported.metadata["stages"]
+    assert_parity(loaded(**model.inputs["B"]), model.expected["B"], TOLERANCE[backend])
+
+
+def test_load_rejects_a_folder_that_is_not_an_export(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a saved export"):
+        exporters.load(tmp_path)
+    (tmp_path / "export.json").write_text("{not json")
+    with pytest.raises(ValueError, match="unreadable export metadata"):
+        exporters.load(tmp_path)
+
+
+def test_constant_inputs_are_baked_and_checked(tiny):
+    model = tiny("LlamaForCausalLM")
+    inputs = {**model.inputs["A"], "use_cache": False}
+    exported = exporters.DynamoExporter().export(model.model, inputs)
+    assert exported.metadata["constants"] == {"use_cache": False}
+    assert "use_cache" not in exported.input_names
+    assert list(exported(**inputs)) == ["logits"]
+    with pytest.raises(ValueError, match="use_cache=True differs"):
+        exported(**{**inputs, "use_cache": True})

@@ -1,0 +1,157 @@
+"""The workaround registry: patches live only while a backend traces, and bad registrations fail loudly."""
+
+import pytest
+import torch
+
+import exporters
+from exporters import utils
+from exporters.utils import PatchPathError, apply_patches, register_patch
+
+
+class Doubler(torch.nn.Module):
+    def forward(self, x):
+        return torch.where(x > 0, x * 2, x)
+
+
+@pytest.fixture
+def scratch_patches():
+    """Registrations made by a test are removed after it."""
+    saved = {backend: list(patches) for backend, patches in utils._PATCHES.items()}
+    yield
+    for backend, patches in saved.items():
+        utils._PATCHES[backend][:] = patches
+
+
+def test_patch_is_active_during_tracing_only(scratch_patches):
+    seen = []
+
+    @register_patch("dynamo", "torch.where")
+    def _patch_where_spy(original):
+        def where(*args):
+            seen.append(original)
+            return original(*args)
+
+        return where
+
+    real_where = torch.where
+    exported = exporters.DynamoExporter().export(Doubler(), {"x": torch.tensor([-1.0, 2.0])})
+    assert seen == [real_where], "the factory receives the real torch op, and the model called the replacement"
+    assert torch.where is real_where, "restored after the export"
+    assert "_patch_where_spy" in exported.applied
+    torch.where(torch.tensor([True]), 1.0, 2.0)
+    assert len(seen) == 1, "not active outside the export"
+
+
+def test_patch_is_restored_when_the_export_raises(scratch_patches):
+    class Broken(torch.nn.Module):
+        def forward(self, x):
+            torch.where(x > 0, x, x)
+            raise ValueError("model bug")
+
+    @register_patch("onnx", "torch.where", "torch.Tensor.softmax")
+    def _patch_two_paths(original):
+        return lambda *args, **kwargs: original(*args, **kwargs)
+
+    real_where, real_softmax = torch.where, torch.Tensor.softmax
+    with pytest.raises(exporters.OnnxExportError) as failure:
+        exporters.OnnxExporter().export(Broken(), {"x": torch.ones(2)})
+    assert failure.value.stage == "torch-export"
+    assert "model bug" in str(failure.value)
+    assert torch.where is real_where
+    assert torch.Tensor.softmax is real_softmax
+    assert "softmax" not in vars(torch.Tensor), "an inherited attribute is deleted again, not shadowed"
+
+
+def test_several_paths_share_one_factory(scratch_patches):
+    originals = []
+
+    @register_patch("dynamo", "torch.sin", "torch.cos")
+    def _patch_trig(original):
+        originals.append(original)
+        return original
+
+    with apply_patches("dynamo"):
+        pass
+    assert originals == [torch._C._VariableFunctions.sin, torch._C._VariableFunctions.cos]
+
+
+def test_nested_exports_leave_no_patch_behind(scratch_patches):
+    @register_patch("dynamo", "torch.where")
+    def _patch_where_identity(original):
+        return lambda *args: original(*args)
+
+    real_where = torch.where
+    with apply_patches("dynamo"):
+        patched = torch.where
+        assert patched is not real_where
+        with apply_patches("dynamo"):
+            assert torch.where is patched, "an inner export of the same backend does not wrap the patch again"
+        assert torch.where is patched
+        with apply_patches("onnx"):
+            pass
+        assert torch.where is patched
+    assert torch.where is real_where
+
+
+def test_class_method_patch_keeps_descriptor_kind(scratch_patches):
+    class Holder:
+        @staticmethod
+        def scale(x):
+            return x * 3
+
+    import sys
+    import types
+
+    module = types.ModuleType("scratch_holder")
+    module.Holder = Holder
+    sys.modules["scratch_holder"] = module
+    try:
+
+        @register_patch("dynamo", "scratch_holder.Holder.scale")
+        def _patch_scale(original):
+            return lambda x: original(x) + 1
+
+        with apply_patches("dynamo"):
+            assert Holder.scale(1) == 4 and Holder().scale(1) == 4
+        assert Holder.scale(1) == 3
+    finally:
+        del sys.modules["scratch_holder"]
+
+
+def test_unresolvable_path_names_backend_and_path(scratch_patches):
+    @register_patch("executorch", "torch.no_such_op")
+    def _patch_missing(original):
+        return original
+
+    with pytest.raises(PatchPathError, match=r"executorch patch _patch_missing: 'torch.no_such_op'.*no attribute"):
+        with apply_patches("executorch"):
+            pass
+    assert utils.check_patch_paths("executorch") == [
+        "executorch patch _patch_missing: 'torch.no_such_op': torch has no attribute 'no_such_op'"
+    ]
+
+
+def test_malformed_path_and_unknown_backend_fail_at_registration():
+    with pytest.raises(PatchPathError, match="not a dotted path"):
+        register_patch("onnx", "where")
+    with pytest.raises(ValueError, match="unknown backend 'tensorrt'"):
+        register_patch("tensorrt", "torch.where")
+    with pytest.raises(ValueError, match="unknown backend"):
+        utils.register_fx_node_fix("openvino")
+
+
+def test_every_registered_path_resolves():
+    assert utils.check_patch_paths() == []
+
+
+def test_disabled_workarounds_rejects_unknown_names():
+    with pytest.raises(KeyError, match="_patch_nope"):
+        with utils.disabled_workarounds("_patch_nope"):
+            pass
+
+
+def test_every_workaround_is_documented():
+    for backend in exporters.BACKENDS:
+        for kind, entries in utils.workarounds(backend).items():
+            for entry in entries:
+                assert ": " in entry, f"{backend} {kind} {entry} has no docstring"

@@ -1,0 +1,91 @@
+"""Each workaround on the smallest model that needs it: the export matches eager with it and fails without it."""
+
+import pytest
+import torch
+
+import exporters
+from exporters.utils import disabled_workarounds
+
+from .conftest import TOLERANCE, assert_parity
+
+
+def _export(tiny_model, backend, dynamic=False):
+    exporter, config = exporters.exporter_for(backend, dynamic=dynamic)
+    return exporter.export(tiny_model.model, tiny_model.inputs["A"], config)
+
+
+def test_nllb_moe_exports_through_dynamo_with_its_patches(tiny):
+    from transformers.models.nllb_moe import modeling_nllb_moe
+
+    router = modeling_nllb_moe.NllbMoeTop2Router
+    original_cast = router._cast_classifier
+    seen_during_export = []
+    original_forward = router.forward
+
+    def spying_forward(self, *args, **kwargs):
+        seen_during_export.append(router._cast_classifier is not original_cast)
+        return original_forward(self, *args, **kwargs)
+
+    model = tiny("NllbMoeForConditionalGeneration")
+    router.forward = spying_forward
+    try:
+        exported = _export(model, "dynamo", dynamic=True)
+    finally:
+        router.forward = original_forward
+    assert seen_during_export and all(seen_during_export), "the cast patch is active while the model is traced"
+    assert router._cast_classifier is original_cast, "and gone after"
+    assert {"_patch_nllb_moe_classifier_cast", "_patch_nllb_moe_experts_dense"} <= set(exported.applied)
+    assert_parity(exported(**model.inputs["A"]), model.expected["A"], TOLERANCE["dynamo"])
+    assert_parity(exported(**model.inputs["B"]), model.expected["B"], TOLERANCE["dynamo"])
+
+
+@pytest.mark.parametrize(
+    "workaround, error",
+    [("_patch_nllb_moe_classifier_cast", "Couldn't swap"), ("_patch_nllb_moe_experts_dense", "data-dependent")],
+)
+def test_nllb_moe_fails_without_each_patch(tiny, workaround, error):
+    with disabled_workarounds(workaround), pytest.raises(exporters.DynamoExportError, match=error) as failure:
+        _export(tiny("NllbMoeForConditionalGeneration"), "dynamo")
+    assert failure.value.stage == "torch-export"
+
+
+def test_t5_onnx_needs_the_reshape_fix(tiny):
+    model = tiny("T5ForConditionalGeneration")
+    exported = _export(model, "onnx")
+    assert "_fix_reshape_of_strided_view" in exported.applied
+    with disabled_workarounds("_fix_reshape_of_strided_view"):
+        with pytest.raises(exporters.OnnxExportError, match="Cannot view a tensor") as failure:
+            _export(model, "onnx")
+    assert failure.value.stage == "decompositions"
+
+
+def test_executorch_dynamic_axes_get_an_upper_bound(tiny):
+    model = tiny("LlamaForCausalLM")
+    exported = _export(model, "executorch", dynamic=True)
+    assert "_fix_unbounded_dynamic_axes" in exported.applied
+    assert_parity(exported(**model.inputs["B"]), model.expected["B"], TOLERANCE["executorch"])
+    with disabled_workarounds("_fix_unbounded_dynamic_axes"):
+        unbounded = _export(model, "executorch", dynamic=True)
+    with pytest.raises(RuntimeError, match="set_inputs"):
+        unbounded(**model.inputs["B"])  # memory was planned for the traced size only
+
+
+def test_executorch_python_symbolic_ops_reach_the_edge_dialect(tiny):
+    model = tiny("NllbMoeForConditionalGeneration")
+    exported = _export(model, "executorch", dynamic=True)
+    assert "_fix_python_symbolic_op" in exported.applied
+    assert_parity(exported(**model.inputs["A"]), model.expected["A"], TOLERANCE["executorch"])
+    with disabled_workarounds("_fix_python_symbolic_op"):
+        with pytest.raises(exporters.ExecutorchExportError) as failure:
+            _export(model, "executorch", dynamic=True)
+    assert failure.value.stage == "to-edge"
+
+
+def test_bare_tensor_output_is_named_output():
+    class Double(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    exported = exporters.OnnxExporter().export(Double(), {"x": torch.ones(2)})
+    assert exported.output_names == ["output"]
+    assert exporters.named_leaves(Double()(torch.ones(2))).keys() == {"output"}
