@@ -80,6 +80,14 @@ class Exported:
             )
         return dict(zip(self.output_names, outputs))
 
+    def load_runtime(self) -> Exported:
+        """Open the artifact in its runtime now (the first call would otherwise do it): a timed, separate step."""
+        self._runtime()
+        return self
+
+    def _runtime(self):
+        raise NotImplementedError
+
     def _feed(self, traced: dict[str, Any]) -> list[Any]:
         """The input tensors in the order the program takes them."""
         leaves = named_leaves(traced)

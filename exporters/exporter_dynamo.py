@@ -53,11 +53,14 @@ class DynamoExported(Exported):
         super().__init__(program, metadata)
         self._module = None
 
-    def _run(self, traced):
+    def _runtime(self):
         if self._module is None:
             self._module = self.program.module()
+        return self._module
+
+    def _run(self, traced):
         with torch.no_grad():
-            outputs = named_leaves(self._module(**traced))
+            outputs = named_leaves(self._runtime()(**traced))
         return [outputs[name] for name in self.output_names]
 
     def _save_program(self, path: Path) -> None:

@@ -51,13 +51,14 @@ class ExecutorchExported(Exported):
         super().__init__(program, metadata)
         self._method = None
 
-    @property
-    def method(self):
+    def _runtime(self):
         if self._method is None:
             from executorch.runtime import Runtime
 
             self._method = Runtime.get().load_program(self.program).load_method("forward")
         return self._method
+
+    method = property(_runtime)
 
     def _run(self, traced):
         return list(self.method.execute(self._feed(traced)))

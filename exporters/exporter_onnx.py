@@ -56,13 +56,14 @@ class OnnxExported(Exported):
         super().__init__(program, metadata)
         self._session = session
 
-    @property
-    def session(self):
+    def _runtime(self):
         if self._session is None:
             import onnx_ir
 
             self._session = open_session(onnx_ir.to_proto(self.program).SerializeToString())
         return self._session
+
+    session = property(_runtime)
 
     def _run(self, traced):
         session_inputs = {value.name for value in self.session.get_inputs()}

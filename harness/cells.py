@@ -1,0 +1,320 @@
+"""A cell is a loop over named stages that stops at the first one that does not pass.
+
+``ClassContext`` does the work every cell of a class shares, once: ``config``, ``build`` and ``eager`` (the
+reference outputs for both input sets). ``run_cell`` then runs the backend's export stages, ``load``, ``run`` and
+``parity``. Nothing here forks or times out: ``harness.workers`` runs this in isolated processes.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .models import ModelClass
+from .records import DEFAULT_TOLERANCE, CellRecord, StageRecord
+from .store import now
+from .tables import TOLERANCE_OVERRIDES
+
+# Export with input set A; a dynamic export must also run input set B (another batch and length).
+RUN_INPUT_SET = {"static": "A", "dynamic": "B"}
+
+
+@dataclass
+class Cell:
+    model: ModelClass
+    backend: str
+    shape_mode: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.model.name}-{self.backend}-{self.shape_mode}"
+
+
+class StageFailure(Exception):
+    """A stage's own verdict (not a crash): ``status`` is fail/skip/unavailable."""
+
+    def __init__(self, status: str, message: str, error_type: str = "StageFailure", details: dict | None = None):
+        super().__init__(message)
+        self.status, self.error_type, self.details = status, error_type, details or {}
+
+
+_MISSING_PACKAGE = re.compile(r"requires the (\w[\w-]*) library|No module named '([\w.]+)'")
+
+
+def classify(error: BaseException) -> tuple[str, str, str]:
+    """``(status, error type, message)`` for an exception raised by a stage."""
+    if isinstance(error, StageFailure):
+        return error.status, error.error_type, str(error)
+    message = str(error).strip() or repr(error)
+    if isinstance(error, ImportError):
+        match = _MISSING_PACKAGE.search(message)
+        if match:
+            package = (match.group(1) or match.group(2)).split(".")[0]
+            return "unavailable", type(error).__name__, f"needs the {package} package, which is not installed here"
+    if isinstance(error, MemoryError):
+        return "oom", "MemoryError", message
+    error_type = getattr(error, "cause_type", None) or type(error).__name__
+    return "fail", error_type, message
+
+
+def failed_stage(name: str, error: BaseException, seconds: float) -> tuple[StageRecord, str]:
+    """The record of a stage that raised ``error``, and the traceback to keep with the cell."""
+    status, error_type, message = classify(error)
+    details = dict(getattr(error, "details", {}) or {})
+    trace = getattr(error, "cause_traceback", None) or "".join(traceback.format_exception(error))
+    return StageRecord(name, status, round(seconds, 4), error_type, message[:20000], details), trace
+
+
+def run_stage(name: str, step: Callable[[], Any]) -> tuple[StageRecord, Any, str | None]:
+    """Run one stage: ``(record, result, traceback or None)``."""
+    start = time.perf_counter()
+    try:
+        result = step()
+    except Exception as error:  # a stage's failure is data, not an exception
+        record, trace = failed_stage(name, error, time.perf_counter() - start)
+        return record, None, trace
+    return StageRecord(name, "pass", round(time.perf_counter() - start, 4)), result, None
+
+
+class ClassContext:
+    """The shared work of one model class: its tiny config, model, inputs and eager outputs."""
+
+    def __init__(self, model_class: ModelClass, seed: int = 0):
+        self.model_class = model_class
+        self.seed = seed
+        self.stages: list[StageRecord] = []
+        self.traceback: str | None = None
+        self.config = self.model = None
+        self.inputs: dict[str, dict] = {}
+        self.expected: dict[str, dict] = {}
+        self.input_set: str | None = None
+        self.prepared = False
+
+    @property
+    def ok(self) -> bool:
+        return self.prepared and all(stage.status == "pass" for stage in self.stages)
+
+    def prepare(self, on_stage: Callable[[str], None] | None = None) -> ClassContext:
+        """Run the shared stages once; ``on_stage(name)`` is told before each starts."""
+        if self.prepared:
+            return self
+        for name, step in (("config", self._config), ("build", self._build), ("eager", self._eager)):
+            if on_stage is not None:
+                on_stage(name)
+            record, _result, trace = run_stage(name, step)
+            self.stages.append(record)
+            if record.status != "pass":
+                self.traceback = trace
+                break
+        self.prepared = True
+        return self
+
+    def _config(self):
+        from .tiny import tiny_config
+
+        self.config = tiny_config(self.model_class.model_type)
+
+    def _build(self):
+        import torch
+
+        torch.manual_seed(self.seed)
+        model_class = self.model_class.load()
+        self.model = model_class(self.config).eval()
+
+    def _eager(self):
+        import torch
+
+        import exporters
+
+        from .inputs import make_inputs
+
+        exporters.register_pytree_nodes(self.model)
+        for label in RUN_INPUT_SET.values():
+            self.inputs[label], self.input_set = make_inputs(self.model, label, seed=self.seed)
+            self.expected[label] = self._forward(self.inputs[label])
+        if not self.expected["A"]:
+            raise StageFailure("fail", "the model returned no tensor outputs", "NoOutputs")
+        repeat = self._forward(self.inputs["A"], seed=self.seed + 1)
+        unstable = [name for name, value in self.expected["A"].items() if not _same(value, repeat.get(name))]
+        if unstable:
+            raise StageFailure(
+                "fail", f"eager outputs change between two calls with the same inputs (random sampling in forward): "
+                f"{', '.join(unstable[:5])}", "NonDeterministic",
+            )  # fmt: skip
+        from .inputs import MODALITY_INPUTS
+
+        for name, value in self.inputs["A"].items():
+            if name in MODALITY_INPUTS and isinstance(value, torch.Tensor) and value.is_floating_point():
+                perturbed = {**self.inputs["A"], name: value + torch.randn_like(value).abs() + 0.5}
+                changed = self._forward(perturbed)
+                if all(_same(expected, changed.get(output)) for output, expected in self.expected["A"].items()):
+                    raise StageFailure(
+                        "fail", f"{name} did not change any output: the {MODALITY_INPUTS[name]} branch did not run "
+                        f"(inputs: {self.input_set})", "ModalityIgnored",
+                    )  # fmt: skip
+
+    def _forward(self, inputs: dict, seed: int | None = None) -> dict:
+        import torch
+
+        import exporters
+
+        torch.manual_seed(self.seed if seed is None else seed)
+        with torch.no_grad():
+            return {name: value.detach().clone() for name, value in exporters.named_leaves(self.model(**inputs)).items()}
+
+
+def _same(a, b) -> bool:
+    import torch
+
+    if a is None or b is None or a.shape != b.shape:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        return bool(torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)))
+    return bool(torch.equal(a, b))
+
+
+def tolerance_for(model_class: str, backend: str) -> tuple[float, float, str | None]:
+    default = DEFAULT_TOLERANCE[backend]
+    override = TOLERANCE_OVERRIDES.get(model_class)
+    if override and backend in override.get("backends", [backend]):
+        return override.get("atol", default), override.get("rtol", default), override["reason"]
+    return default, default, None
+
+
+def compare(actual: dict, expected: dict, atol: float, rtol: float) -> tuple[bool, dict, float, float]:
+    """Every eager output against the artifact's: ``(all close, per-output details, max abs, max rel)``."""
+    import torch
+
+    details, max_abs, max_rel, ok = {}, 0.0, 0.0, True
+    for name, reference in expected.items():
+        value = actual.get(name)
+        if value is None:
+            details[name] = {"ok": False, "problem": "missing from the artifact's outputs"}
+            ok = False
+            continue
+        if tuple(value.shape) != tuple(reference.shape):
+            details[name] = {"ok": False, "problem": f"shape {tuple(value.shape)}, eager {tuple(reference.shape)}"}
+            ok = False
+            continue
+        if reference.numel() == 0:
+            details[name] = {"ok": True, "abs": 0.0, "rel": 0.0, "shape": list(reference.shape)}
+            continue
+        a, b = value.detach().to(torch.float64), reference.detach().to(torch.float64)
+        if reference.is_complex() or value.is_complex():
+            a, b = torch.view_as_real(value.to(torch.complex128)), torch.view_as_real(reference.to(torch.complex128))
+        both_nan = torch.isnan(a) & torch.isnan(b)
+        difference = torch.where(both_nan, torch.zeros_like(a), (a - b).abs())
+        difference = torch.nan_to_num(difference, nan=float("inf"))
+        abs_diff = float(difference.max())
+        rel_diff = float((difference / b.abs().clamp_min(1e-6)).max())
+        close = bool(torch.allclose(a, b, atol=atol, rtol=rtol, equal_nan=True))
+        details[name] = {"ok": close, "abs": abs_diff, "rel": rel_diff, "shape": list(reference.shape)}
+        max_abs, max_rel, ok = max(max_abs, abs_diff), max(max_rel, rel_diff), ok and close
+    return ok, details, max_abs, max_rel
+
+
+def new_record(cell: Cell, context: ClassContext | None = None) -> CellRecord:
+    model = cell.model
+    record = CellRecord(
+        model_class=model.name, model_type=model.model_type, task=model.task, tasks=list(model.tasks),
+        backend=cell.backend, shape_mode=cell.shape_mode, started_at=now(),
+        repro=f"export-sweep run --models {model.name} --backends {cell.backend} --shapes {cell.shape_mode} --no-cache",
+    )  # fmt: skip
+    if context is not None:
+        record.stages = [StageRecord(**vars(stage)) for stage in context.stages]
+        record.input_set = context.input_set
+        record.input_names = sorted(context.inputs.get("A", {}))
+        record.traceback = context.traceback
+    return record
+
+
+def run_cell(cell: Cell, context: ClassContext, registry=None, on_stage: Callable[[str], None] | None = None) -> CellRecord:
+    """Run one cell after the class' shared stages; ``registry`` decides skips and the ONNX optimizer."""
+    import exporters
+
+    on_stage = on_stage or (lambda name: None)
+    context.prepare(on_stage)
+    record = new_record(cell, context)
+    if not context.ok:
+        return _done(record)
+    if registry is not None:
+        skip = registry.skip_for(cell.model.name, cell.backend, cell.shape_mode)
+        if skip is not None:
+            record.registry = skip.as_dict()
+            record.stages.append(StageRecord("registry", "skip", 0.0, "ExportSkip", f"{skip.reason} ({skip.url})"))
+            return _done(record)
+    options = {"dynamic": cell.shape_mode == "dynamic"}
+    if cell.backend == "onnx" and registry is not None:
+        entry = registry.optimize_disabled_for(cell.model.name, cell.shape_mode)
+        if entry is not None:
+            options["optimize"] = False
+            record.registry = entry.as_dict()
+    exporter, config = exporters.exporter_for(cell.backend, **options)
+
+    on_stage("export")
+    start = time.perf_counter()
+    try:
+        exported = exporter.export(context.model, context.inputs["A"], config)
+    except exporters.ExportError as error:
+        record.stages.extend(_exporter_stages(error.stages))
+        failed = record.stages[-1] if record.stages[-1].status == "fail" else None
+        if failed is None:  # failed outside any stage: name it after the backend
+            failed = StageRecord(f"{cell.backend}-export", "fail", 0.0)
+            record.stages.append(failed)
+        status, error_type, message = classify(error)
+        failed.status, failed.error_type = status, error_type
+        failed.message = (getattr(error, "message", None) or message)[:20000]
+        record.applied = list(error.applied)
+        record.traceback = getattr(error, "cause_traceback", None) or "".join(traceback.format_exception(error))
+        return _done(record)
+    except Exception as error:  # the exporter itself broke outside its stage bookkeeping
+        stage, record.traceback = failed_stage(f"{cell.backend}-export", error, time.perf_counter() - start)
+        record.stages.append(stage)
+        return _done(record)
+    record.stages.extend(_exporter_stages(exported.metadata["stages"]))
+    record.applied = list(exported.applied)
+
+    label = RUN_INPUT_SET[cell.shape_mode]
+    steps = [
+        ("load", exported.load_runtime),
+        ("run", lambda: exported(**context.inputs[label])),
+    ]
+    outputs = None
+    for name, step in steps:
+        on_stage(name)
+        stage, result, trace = run_stage(name, step)
+        record.stages.append(stage)
+        if stage.status != "pass":
+            record.traceback = trace
+            return _done(record)
+        outputs = result
+
+    on_stage("parity")
+    atol, rtol, reason = tolerance_for(cell.model.name, cell.backend)
+    record.atol, record.rtol, record.tolerance_reason = atol, rtol, reason
+    start = time.perf_counter()
+    ok, details, max_abs, max_rel = compare(outputs, context.expected[label], atol, rtol)
+    record.parity, record.max_abs_diff, record.max_rel_diff = details, max_abs, max_rel
+    stage = StageRecord("parity", "pass" if ok else "fail", round(time.perf_counter() - start, 4))
+    if not ok:
+        worst = [
+            f"{name} ({detail.get('problem') or 'max abs %.3g' % detail['abs']})"
+            for name, detail in details.items()
+            if not detail["ok"]
+        ]
+        stage.error_type = "ParityMismatch"
+        stage.message = f"outputs differ from eager beyond atol={atol:g} rtol={rtol:g}: {', '.join(worst[:5])}"
+    record.stages.append(stage)
+    return _done(record)
+
+
+def _exporter_stages(stages: list[dict]) -> list[StageRecord]:
+    return [StageRecord(stage["name"], stage["status"], stage["seconds"]) for stage in stages]
+
+
+def _done(record: CellRecord) -> CellRecord:
+    record.finished_at = now()
+    return record.finish()

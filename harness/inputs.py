@@ -1,0 +1,244 @@
+"""Inputs for every model class, from its forward signature, ``main_input_name`` and config.
+
+Each forward argument is filled by the rule named for it in ``_RULES`` when the argument is required or is one
+a real caller passes (masks, token types, images next to text). Seeded and deterministic; batch >= 2 so that
+dynamic shapes do not specialise the batch to 1. Vision-language models get their image placeholder tokens: as
+many as the vision tower emits, counted by running it once.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from .tiny import IMAGE, SPECIAL_FLOOR, special_token_ids, text_vocab
+
+# The two input sets: "A" is exported with, "B" (another batch and length) runs dynamic exports.
+INPUT_SIZES = {"A": (2, 7), "B": (3, 5)}
+AUDIO_SAMPLES = {"A": 3200, "B": 2400}  # raw audio: enough for a 7-conv feature extractor (receptive field 400)
+MODALITY_INPUTS = {
+    "pixel_values": "image",
+    "pixel_values_videos": "video",
+    "input_features": "audio",
+    "input_values": "audio",
+    "flattened_patches": "image",
+    "past_values": "time-series",
+}
+
+
+class InputError(ValueError):
+    """The factory cannot feed this class."""
+
+
+@dataclass
+class Context:
+    model: torch.nn.Module
+    config: Any
+    batch: int
+    length: int
+    label: str
+    generator: torch.Generator
+    parameters: dict[str, inspect.Parameter]
+    special: set[int] = field(default_factory=set)
+    inputs_so_far: dict[str, Any] = field(default_factory=dict)
+
+    def sub(self, *names):
+        """The first sub-config of ``names`` the config has, else the config itself."""
+        for name in names:
+            value = getattr(self.config, name, None)
+            if value is not None and not isinstance(value, (int, str, dict)):
+                return value
+        return self.config
+
+    def get(self, key, default=None, *sub_names):
+        config = self.sub(*sub_names) if sub_names else self.config
+        value = getattr(config, key, None)
+        return default if value is None else value
+
+    def tokens(self, length: int | None = None, batch: int | None = None) -> torch.Tensor:
+        vocab = text_vocab(self.config)
+        high = min(vocab, SPECIAL_FLOOR) if vocab > 8 else vocab
+        low = 4 if high > 12 else 0
+        ids = torch.randint(low, high, (batch or self.batch, length or self.length), generator=self.generator)
+        for special in self.special:  # never an accidental placeholder or pad token
+            ids[ids == special] = low + (special % max(1, high - low - 1)) + 1 if low + 1 < high else low
+        return ids
+
+    def randn(self, *shape) -> torch.Tensor:
+        return torch.randn(*shape, generator=self.generator)
+
+
+def _image_shape(context: Context) -> tuple[int, int, int]:
+    vision = context.sub("vision_config", "backbone_config", "encoder_config", "encoder")
+    size = getattr(vision, "image_size", None) or getattr(context.config, "image_size", None) or IMAGE
+    height, width = (size, size) if isinstance(size, int) else (size[0], size[-1])
+    channels = getattr(vision, "num_channels", None) or getattr(context.config, "num_channels", None) or 3
+    return channels, height, width
+
+
+def _pixel_values(context: Context) -> torch.Tensor:
+    return context.randn(context.batch, *_image_shape(context))
+
+
+def _input_features(context: Context) -> torch.Tensor:
+    config = context.sub("audio_config", "encoder_config", "encoder")
+    bins = getattr(config, "num_mel_bins", None) or getattr(config, "feature_size", None) or getattr(config, "input_feat_per_channel", None) or 80
+    positions = getattr(config, "max_source_positions", None)
+    frames = 2 * positions if positions else 64  # Whisper-style encoders take exactly 2 x max_source_positions
+    if getattr(context.model, "main_input_name", "") == "input_features" and "whisper" not in type(context.model).__name__.lower():
+        # speech_to_text style: (batch, frames, features) when the config speaks of feature_size
+        if getattr(config, "input_feat_per_channel", None) or getattr(config, "feature_size", None) and not getattr(config, "num_mel_bins", None):
+            return context.randn(context.batch, frames, bins)
+    return context.randn(context.batch, bins, frames)
+
+
+def _input_values(context: Context) -> torch.Tensor:
+    return context.randn(context.batch, AUDIO_SAMPLES[context.label]) * 0.1
+
+
+def _attention_mask(context: Context) -> torch.Tensor:
+    ids = context.inputs_so_far.get("input_ids")
+    length = ids.shape[1] if ids is not None else context.length
+    return torch.ones(context.batch, length, dtype=torch.long)
+
+
+def _decoder_input_ids(context: Context) -> torch.Tensor:
+    return context.tokens()
+
+
+def _token_type_ids(context: Context) -> torch.Tensor:
+    ids = context.inputs_so_far.get("input_ids")
+    return torch.zeros_like(ids) if ids is not None else torch.zeros(context.batch, context.length, dtype=torch.long)
+
+
+def _bbox(context: Context) -> torch.Tensor:
+    corners = torch.randint(0, 500, (context.batch, context.length, 2), generator=context.generator)
+    sizes = torch.randint(1, 500, (context.batch, context.length, 2), generator=context.generator)
+    return torch.cat([corners, corners + sizes], dim=-1)
+
+
+def _past_values(context: Context) -> torch.Tensor:
+    config = context.config
+    length = getattr(config, "context_length", None) or getattr(config, "prediction_length", None) or 32
+    lags = getattr(config, "lags_sequence", None)
+    length += max(lags) if lags else 0
+    channels = getattr(config, "num_input_channels", None) or getattr(config, "input_size", None) or 1
+    shape = (context.batch, length) if channels == 1 and getattr(config, "input_size", None) == 1 else (context.batch, length, channels)
+    return context.randn(*shape)
+
+
+_RULES: dict[str, Callable[[Context], Any]] = {
+    "input_ids": lambda context: context.tokens(),
+    "attention_mask": _attention_mask,
+    "token_type_ids": _token_type_ids,
+    "decoder_input_ids": _decoder_input_ids,
+    "pixel_values": _pixel_values,
+    "input_features": _input_features,
+    "input_values": _input_values,
+    "bbox": _bbox,
+    "past_values": _past_values,
+}
+
+# Filled whenever the forward takes them, required or not: callers pass them, and they switch on code paths.
+_ALWAYS = ("attention_mask", "token_type_ids", "decoder_input_ids", "pixel_values", "bbox")
+
+
+def _parameters(model) -> dict[str, inspect.Parameter]:
+    return {
+        name: parameter
+        for name, parameter in inspect.signature(model.forward).parameters.items()
+        if parameter.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)
+    }
+
+
+def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any], str]:
+    """``(inputs, input set name)`` for input set ``label``: keyword tensors for ``model(**inputs)``."""
+    batch, length = INPUT_SIZES[label]
+    parameters = _parameters(model)
+    context = Context(
+        model, model.config, batch, length, label, torch.Generator().manual_seed(seed), parameters,
+        special_token_ids(model.config),
+    )  # fmt: skip
+    inputs = context.inputs_so_far
+    main = getattr(model, "main_input_name", "input_ids")
+    main = main[0] if isinstance(main, (list, tuple)) else main
+    wanted = [main] if main in parameters else []
+    for name, parameter in parameters.items():
+        required = parameter.default is inspect.Parameter.empty
+        if name not in wanted and (required or name in _ALWAYS or (name == "input_ids" and main != "input_ids" and _takes_text(model))):
+            wanted.append(name)
+    for name in wanted:
+        rule = _RULES.get(name)
+        if rule is None:
+            if parameters[name].default is inspect.Parameter.empty:
+                raise InputError(f"no input rule for the required forward argument {name!r} of {type(model).__name__}")
+            continue
+        inputs[name] = rule(context)
+    if "pixel_values" in inputs and "input_ids" in inputs and _image_token(model.config) is not None:
+        _place_image_tokens(context, inputs)
+    modalities = [MODALITY_INPUTS[name] for name in inputs if name in MODALITY_INPUTS]
+    if "input_ids" in inputs or "decoder_input_ids" in inputs:
+        modalities.insert(0, "text")
+    return inputs, "+".join(dict.fromkeys(modalities)) or "other"
+
+
+# ── Vision-language models: pixel inputs and their placeholder tokens ─────────
+
+
+def _image_token(config) -> int | None:
+    for key in ("image_token_id", "image_token_index"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def _grid_pixel_values(context: Context) -> dict[str, torch.Tensor]:
+    """Qwen-VL style: every image as flattened patches plus its (t, h, w) patch grid."""
+    vision = context.sub("vision_config")
+    patch = getattr(vision, "patch_size", 14)
+    temporal = getattr(vision, "temporal_patch_size", 1) or 1
+    merge = getattr(vision, "spatial_merge_size", 1) or 1
+    channels = getattr(vision, "in_channels", None) or getattr(vision, "num_channels", None) or 3
+    side = 2 * merge
+    rows = context.batch * side * side
+    return {
+        "pixel_values": context.randn(rows, channels * temporal * patch * patch),
+        "image_grid_thw": torch.tensor([[1, side, side]] * context.batch),
+    }
+
+
+def _image_feature_count(model, image_inputs: dict) -> int:
+    """How many placeholder tokens all the images need: the number of feature vectors the vision side emits."""
+    owner = model if hasattr(model, "get_image_features") else getattr(model, "model", model)
+    with torch.no_grad():
+        features = owner.get_image_features(**image_inputs)
+    if not isinstance(features, torch.Tensor):
+        pooled = getattr(features, "pooler_output", None)
+        features = pooled if pooled is not None else features[0] if isinstance(features, (tuple, list)) else features
+    if isinstance(features, (tuple, list)):
+        return sum(feature.shape[:-1].numel() for feature in features)
+    return features.shape[:-1].numel()
+
+
+def _place_image_tokens(context: Context, inputs: dict) -> None:
+    """Put one placeholder per image feature at the start of every sample's text."""
+    if "image_grid_thw" in context.parameters:
+        inputs.update(_grid_pixel_values(context))
+    image_inputs = {name: inputs[name] for name in ("pixel_values", "image_grid_thw") if name in inputs}
+    per_sample = _image_feature_count(context.model, image_inputs) // context.batch
+    placeholders = torch.full((context.batch, per_sample), _image_token(context.config), dtype=torch.long)
+    inputs["input_ids"] = torch.cat([placeholders, inputs["input_ids"]], dim=1)
+    for name in ("attention_mask", "token_type_ids"):
+        if name in inputs:
+            inputs[name] = _RULES[name](context)
+    if "mm_token_type_ids" in context.parameters:  # 0 text, 1 image: multimodal rotary positions read it
+        inputs["mm_token_type_ids"] = (inputs["input_ids"] == _image_token(context.config)).to(torch.int)
+
+
+def _takes_text(model) -> bool:
+    """Multimodal models whose main input is an image or audio but that also read text (CLIP, Whisper decoders)."""
+    return bool(getattr(model.config, "text_config", None)) or "vocab_size" in vars(model.config)

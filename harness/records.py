@@ -1,0 +1,124 @@
+"""The cell record: the one contract between the harness and everything that reads a run (reports, outside tools).
+
+A cell is one (model class, backend, shape mode). Its record lists every stage it ran, in order, and names the
+furthest stage as its headline. Keep the flat fields stable: ``harness.load_run`` turns them into DataFrame columns.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field, fields
+
+from exporters.utils import BACKENDS
+
+SHAPE_MODES = ("static", "dynamic", "generate")
+STATUSES = ("pass", "fail", "skip", "timeout", "crash", "oom", "unavailable")
+# Stages every cell shares before its backend's own, and after them.
+SHARED_STAGES = ("config", "build", "eager")
+RUNTIME_STAGES = ("load", "run", "parity")
+DEFAULT_TOLERANCE = {"dynamo": 1e-4, "onnx": 1e-3, "executorch": 1e-3}
+SCHEMA_VERSION = 1
+
+
+def cell_id(model_class: str, backend: str, shape_mode: str) -> str:
+    return f"{model_class}-{backend}-{shape_mode}"
+
+
+@dataclass
+class StageRecord:
+    name: str
+    status: str
+    seconds: float = 0.0
+    error_type: str | None = None
+    message: str | None = None
+    details: dict = field(default_factory=dict)
+
+
+@dataclass
+class CellRecord:
+    model_class: str
+    model_type: str
+    task: str
+    backend: str
+    shape_mode: str
+    status: str = "pass"
+    stage: str = ""  # the stage that failed, or the last one reached
+    seconds: float = 0.0
+    stages: list[StageRecord] = field(default_factory=list)
+    tasks: list[str] = field(default_factory=list)
+    error_type: str | None = None
+    message: str | None = None
+    error_signature: str | None = None
+    traceback: str | None = None
+    max_abs_diff: float | None = None
+    max_rel_diff: float | None = None
+    atol: float | None = None
+    rtol: float | None = None
+    tolerance_reason: str | None = None  # why this class needs a wider tolerance than the backend default
+    parity: dict = field(default_factory=dict)  # output name -> {abs, rel, shape, ok}
+    input_set: str | None = None  # which inputs fed the model: "text", "text+image", ...
+    input_names: list[str] = field(default_factory=list)
+    applied: list[str] = field(default_factory=list)  # workarounds that fired
+    registry: dict | None = None  # the EXPORT_SKIPS / ONNX_DISABLE_OPTIMIZE entry that applied
+    reused: bool = False  # copied from an earlier run whose inputs were identical
+    cache_key: str | None = None
+    repro: str | None = None
+    worker: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    peak_rss_mb: float | None = None
+    schema: int = SCHEMA_VERSION
+
+    @property
+    def cell_id(self) -> str:
+        return cell_id(self.model_class, self.backend, self.shape_mode)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CellRecord:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown record fields: {', '.join(unknown)}")
+        stages = [StageRecord(**stage) for stage in data.get("stages", [])]
+        return cls(**{**data, "stages": stages})
+
+    def finish(self) -> CellRecord:
+        """Set the headline fields from the stages: the first non-passing stage decides status and stage."""
+        self.seconds = round(sum(stage.seconds for stage in self.stages), 4)
+        failed = next((stage for stage in self.stages if stage.status != "pass"), None)
+        if failed is None:
+            self.status, self.stage = "pass", self.stages[-1].name if self.stages else ""
+            self.error_type = self.message = self.error_signature = None
+        else:
+            self.status, self.stage = failed.status, failed.name
+            self.error_type, self.message = failed.error_type, failed.message
+            self.error_signature = error_signature(failed.name, failed.error_type, failed.message)
+        return self
+
+
+# ── Error signatures: the same failure in two models reads the same ──────────
+
+_SIGNATURE_RULES = [
+    (re.compile(r"/[\w./-]+\.(py|cpp|h)"), "<file>"),  # paths
+    (re.compile(r"0x[0-9a-fA-F]+"), "<addr>"),
+    (re.compile(r"'[^']{40,}'|\"[^\"]{40,}\""), "<str>"),  # long quoted literals
+    (re.compile(r"\b[A-Z][A-Za-z0-9]*(?:For[A-Z]\w*|Model|Config|Layer|Attention|Block|Encoder|Decoder)\b"), "<Cls>"),
+    (re.compile(r"(?<![\w.])[-+]?\d+(\.\d+)?(e[-+]?\d+)?(?![\w])"), "<n>"),  # numbers
+    (re.compile(r"\b[us]\d+\b"), "<sym>"),  # unbacked/backed symbols u0, s12
+    (re.compile(r"\s+"), " "),
+]
+
+
+def error_signature(stage: str, error_type: str | None, message: str | None) -> str:
+    """A normalized one-line key for bucketing: numbers, paths, class names and shapes become placeholders."""
+    text = (message or "").strip().splitlines()
+    first = next((line for line in text if line.strip()), "")
+    # Exporters prefix "[backend:stage] Type: "; the bucket already has both.
+    first = re.sub(r"^\[[\w-]+:[\w-]+\]\s*", "", first)
+    first = re.sub(r"^\w+(Error|Exception)\w*:\s*", "", first)
+    for pattern, replacement in _SIGNATURE_RULES:
+        first = pattern.sub(replacement, first)
+    return f"{stage}: {error_type or 'Error'}: {first.strip()[:200]}"

@@ -1,0 +1,270 @@
+"""Warm, isolated workers: the parent imports torch, transformers and the backends once and runs no torch op; each
+model class gets a forked child that builds the model once and runs that class' cells one after another.
+
+A child that crashes (segfault, abort), runs past the cell timeout or grows past the memory cap is killed by the
+parent, which records the cell as ``crash``, ``timeout`` or ``oom`` at the stage it was in and goes on with a
+fresh child for the class' next cell. A failure in a shared stage (config, build, eager) is not retried: every
+remaining cell of that class gets the same record.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from multiprocessing import Pipe
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+
+from .cells import Cell, ClassContext, new_record, run_cell
+from .models import ModelClass
+from .records import SHARED_STAGES, CellRecord, StageRecord
+
+
+@dataclass
+class WorkerOptions:
+    timeout: float = 600.0  # seconds per cell, shared stages included for the first cell of a class
+    memory_cap_mb: float | None = None  # resident memory; None: no cap
+    threads: int = 1  # torch and ONNX Runtime intra-op threads per child
+    log_dir: Path | None = None  # where children's stdout/stderr go (one file per class)
+    poll_interval: float = 0.2
+
+
+def warm_imports(backends) -> None:
+    """Import what every child needs, once, in the parent (no torch op runs here)."""
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+
+    import exporters.exporter_dynamo  # noqa: F401
+
+    if "onnx" in backends:
+        import onnx_ir  # noqa: F401
+        import onnxruntime  # noqa: F401
+        import onnxscript  # noqa: F401
+
+        import exporters.exporter_onnx  # noqa: F401
+    if "executorch" in backends:
+        import executorch.exir  # noqa: F401
+        import executorch.runtime  # noqa: F401
+        from executorch.backends.xnnpack.partition import xnnpack_partitioner  # noqa: F401
+
+        import exporters.exporter_executorch  # noqa: F401
+
+
+def _signal_name(number: int) -> str:
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+    meaning = {"SIGSEGV": "segmentation fault", "SIGABRT": "abort", "SIGKILL": "killed", "SIGBUS": "bus error"}
+    return f"{name} ({meaning[name]})" if name in meaning else name
+
+
+def _rss_mb(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+class ClassWorker:
+    """The child process of one model class, and the parent's view of it."""
+
+    def __init__(self, model_class: ModelClass, options: WorkerOptions, registry=None, name: str = "worker"):
+        self.model_class = model_class
+        self.options = options
+        self.registry = registry
+        self.name = name
+        self.pid: int | None = None
+        self.connection: Connection | None = None
+        self.cell: Cell | None = None
+        self.stage = ""
+        self.started = 0.0
+        self.peak_rss_mb = 0.0
+        self.shared_stages: list[StageRecord] = []
+        self.shared_failure: CellRecord | None = None  # a crash in a shared stage: the answer for every cell
+
+    # ── parent side ──
+    @property
+    def busy(self) -> bool:
+        return self.cell is not None
+
+    def submit(self, cell: Cell) -> CellRecord | None:
+        """Start ``cell``; returns a record at once when the class already failed in a shared stage."""
+        if self.shared_failure is not None:
+            return self._repeat_shared_failure(cell)
+        if self.pid is None:
+            self._start()
+        shared_done = len(self.shared_stages) == len(SHARED_STAGES)
+        self.cell, self.stage, self.started = cell, "export" if shared_done else "config", time.monotonic()
+        self.connection.send(("cell", cell.backend, cell.shape_mode))
+        return None
+
+    def poll(self) -> CellRecord | None:
+        """Handle what the child said, and enforce the timeout and memory cap: the finished record, or None."""
+        if self.cell is None:
+            return None
+        try:
+            while self.connection.poll():
+                kind, payload = self.connection.recv()
+                if kind == "stage":  # (stage starting, shared stages done so far)
+                    self.stage = payload[0]
+                    self.shared_stages = [StageRecord(**stage) for stage in payload[1]]
+                elif kind == "record":
+                    record = CellRecord.from_dict(payload)
+                    record.worker = self.name
+                    self.peak_rss_mb = max(self.peak_rss_mb, record.peak_rss_mb or 0.0)
+                    self.cell = None
+                    return record
+        except (EOFError, OSError):
+            return self._died()
+        elapsed = time.monotonic() - self.started
+        if elapsed > self.options.timeout:
+            return self._kill("timeout", f"ran past the {self.options.timeout:g} s cell timeout in stage {self.stage}")
+        rss = _rss_mb(self.pid)
+        if rss is not None:
+            self.peak_rss_mb = max(self.peak_rss_mb, rss)
+            cap = self.options.memory_cap_mb
+            if cap and rss > cap:
+                return self._kill("oom", f"used {rss:.0f} MB, over the {cap:g} MB memory cap, in stage {self.stage}")
+        if not self._alive():
+            return self._died()
+        return None
+
+    def run(self, cell: Cell) -> CellRecord:
+        """Run one cell to its end (for pytest: one item, one cell)."""
+        record = self.submit(cell)
+        while record is None:
+            wait([self.connection], timeout=self.options.poll_interval)
+            record = self.poll()
+        return record
+
+    def close(self) -> None:
+        if self.pid is None:
+            return
+        try:
+            self.connection.send(("exit", None, None))
+        except (BrokenPipeError, OSError):
+            pass
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and self._alive():
+            time.sleep(0.02)
+        self._reap(force=True)
+
+    def _alive(self) -> bool:
+        if self.pid is None:
+            return False
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        if pid == 0:
+            return True
+        self._exit_status = status
+        return False
+
+    def _reap(self, force: bool) -> int | None:
+        status = getattr(self, "_exit_status", None)
+        if self.pid is not None and status is None:
+            if force:
+                try:
+                    os.kill(self.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            try:
+                _pid, status = os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                status = None
+        if self.connection is not None:
+            self.connection.close()
+        self.pid, self.connection, self._exit_status = None, None, None
+        return status
+
+    def _kill(self, status: str, message: str) -> CellRecord:
+        self._reap(force=True)
+        return self._failure(status, message)
+
+    def _died(self) -> CellRecord:
+        exit_status = self._reap(force=False)
+        if exit_status is None:
+            message = f"the worker process vanished in stage {self.stage}"
+        elif os.WIFSIGNALED(exit_status):
+            message = f"the worker process died of {_signal_name(os.WTERMSIG(exit_status))} in stage {self.stage}"
+        else:
+            message = f"the worker process exited with code {os.WEXITSTATUS(exit_status)} in stage {self.stage}"
+        return self._failure("crash", message)
+
+    def _failure(self, status: str, message: str) -> CellRecord:
+        cell, self.cell = self.cell, None
+        record = new_record(cell)
+        record.stages = list(self.shared_stages)  # the ones finished before this stage began
+        record.stages.append(
+            StageRecord(self.stage, status, round(time.monotonic() - self.started, 2), status.capitalize(), message)
+        )
+        record.worker, record.peak_rss_mb = self.name, round(self.peak_rss_mb, 1) or None
+        record.finished_at = record.started_at
+        record.finish()
+        if self.stage in SHARED_STAGES:
+            self.shared_failure = record
+        return record
+
+    def _repeat_shared_failure(self, cell: Cell) -> CellRecord:
+        record = new_record(cell)
+        record.stages = [StageRecord(**vars(stage)) for stage in self.shared_failure.stages]
+        failed = record.stages[-1]
+        failed.message = f"{failed.message} (a shared stage: not retried for this cell)"
+        record.worker, record.finished_at = self.name, record.started_at
+        return record.finish()
+
+    def _start(self) -> None:
+        parent_end, child_end = Pipe(duplex=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # child
+            code = 0
+            try:
+                parent_end.close()
+                self._child_main(child_end)
+            except BaseException:  # the parent sees the exit code; the log keeps the story
+                traceback.print_exc()
+                code = 70
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        child_end.close()
+        self.pid, self.connection, self._exit_status = pid, parent_end, None
+
+    # ── child side ──
+    def _child_main(self, connection: Connection) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+        if self.options.log_dir is not None:
+            self.options.log_dir.mkdir(parents=True, exist_ok=True)
+            log = os.open(self.options.log_dir / f"{self.model_class.name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            os.close(log)
+        import torch
+
+        torch.set_num_threads(self.options.threads)
+        context = ClassContext(self.model_class)
+
+        def on_stage(name: str) -> None:
+            connection.send(("stage", (name, [vars(stage) for stage in context.stages])))
+
+        while True:
+            kind, backend, shape_mode = connection.recv()
+            if kind == "exit":
+                return
+            record = run_cell(Cell(self.model_class, backend, shape_mode), context, self.registry, on_stage)
+            record.peak_rss_mb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+            connection.send(("record", record.to_dict()))
