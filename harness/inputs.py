@@ -18,7 +18,8 @@ from .tiny import IMAGE, SPECIAL_FLOOR, special_token_ids, text_vocab
 
 # The two input sets: "A" is exported with, "B" (another batch and length) runs dynamic exports.
 INPUT_SIZES = {"A": (2, 7), "B": (3, 5)}
-AUDIO_SAMPLES = {"A": 3200, "B": 2400}  # raw audio: enough for a 7-conv feature extractor (receptive field 400)
+AUDIO_SAMPLES = {"A": 8000, "B": 6400}  # raw audio: ~25 frames after a wav2vec2-style feature extractor
+NUM_CHOICES = 2
 MODALITY_INPUTS = {
     "pixel_values": "image",
     "pixel_values_videos": "video",
@@ -44,6 +45,7 @@ class Context:
     parameters: dict[str, inspect.Parameter]
     special: set[int] = field(default_factory=set)
     inputs_so_far: dict[str, Any] = field(default_factory=dict)
+    label_hint: str = ""  # "video" for video classes
 
     def sub(self, *names):
         """The first sub-config of ``names`` the config has, else the config itself."""
@@ -80,7 +82,18 @@ def _image_shape(context: Context) -> tuple[int, int, int]:
 
 
 def _pixel_values(context: Context) -> torch.Tensor:
+    name = type(context.model).__name__
+    frames = getattr(context.sub("vision_config"), "num_frames", None) or getattr(context.config, "num_frames", None)
+    if "KeypointMatching" in name:  # an image pair
+        return context.randn(context.batch, 2, *_image_shape(context))
+    if frames and ("video" in context.label_hint or _int_attr(context.config, "tubelet_size") or "Video" in name or "Vivit" in name or "Timesformer" in name):
+        return context.randn(context.batch, frames, *_image_shape(context))
     return context.randn(context.batch, *_image_shape(context))
+
+
+def _int_attr(config, name):
+    value = getattr(config, name, None)
+    return value if isinstance(value, (int, list, tuple)) and not isinstance(value, bool) else None
 
 
 def _input_features(context: Context) -> torch.Tensor:
@@ -96,17 +109,40 @@ def _input_features(context: Context) -> torch.Tensor:
 
 
 def _input_values(context: Context) -> torch.Tensor:
+    config = context.config
+    if getattr(config, "num_mel_bins", None) and getattr(config, "max_length", None):  # a spectrogram (AST)
+        return context.randn(context.batch, config.max_length, config.num_mel_bins)
     return context.randn(context.batch, AUDIO_SAMPLES[context.label]) * 0.1
 
 
-def _attention_mask(context: Context) -> torch.Tensor:
-    ids = context.inputs_so_far.get("input_ids")
-    length = ids.shape[1] if ids is not None else context.length
-    return torch.ones(context.batch, length, dtype=torch.long)
+def _noise(context: Context) -> torch.Tensor:
+    """Models that mask at random (ViTMAE) take their noise as an input, so eager and export draw the same."""
+    vision = context.sub("vision_config")
+    _channels, height, width = _image_shape(context)
+    patch = getattr(vision, "patch_size", 16)
+    patch = patch if isinstance(patch, int) else patch[0]
+    return torch.rand(context.batch, (height // patch) * (width // patch), generator=context.generator)
 
 
-def _decoder_input_ids(context: Context) -> torch.Tensor:
-    return context.tokens()
+def _attention_mask(context: Context) -> torch.Tensor | None:
+    """All ones, shaped like the input it masks: token ids or raw audio; other inputs get none."""
+    inputs = context.inputs_so_far
+    if "input_ids" in inputs:
+        return torch.ones(inputs["input_ids"].shape[:2], dtype=torch.long)
+    audio = inputs.get("input_values")
+    if audio is not None and audio.dim() == 2:
+        return torch.ones(audio.shape, dtype=torch.long)
+    return None
+
+
+def _decoder_input_ids(context: Context) -> torch.Tensor | None:
+    """For encoder-decoder models only: a decoder-only language model has no decoder inputs."""
+    configs = [context.config, getattr(context.config, "text_config", None)]
+    if any(getattr(config, "is_encoder_decoder", False) for config in configs if config is not None):
+        return context.tokens()
+    if context.parameters["decoder_input_ids"].default is inspect.Parameter.empty:
+        return context.tokens()
+    return None
 
 
 def _token_type_ids(context: Context) -> torch.Tensor:
@@ -131,6 +167,11 @@ def _past_values(context: Context) -> torch.Tensor:
 
 
 _RULES: dict[str, Callable[[Context], Any]] = {
+    "noise": _noise,
+    "lang_ids": lambda context: torch.zeros(context.batch, dtype=torch.long),
+    "qformer_input_ids": lambda context: context.tokens(),
+    "visual_feats": lambda context: context.randn(context.batch, 4, context.get("visual_feat_dim", 32)),
+    "visual_pos": lambda context: torch.rand(context.batch, 4, context.get("visual_pos_dim", 4), generator=context.generator),
     "input_ids": lambda context: context.tokens(),
     "attention_mask": _attention_mask,
     "token_type_ids": _token_type_ids,
@@ -143,7 +184,8 @@ _RULES: dict[str, Callable[[Context], Any]] = {
 }
 
 # Filled whenever the forward takes them, required or not: callers pass them, and they switch on code paths.
-_ALWAYS = ("attention_mask", "token_type_ids", "decoder_input_ids", "pixel_values", "bbox")
+_ALWAYS = ("attention_mask", "token_type_ids", "decoder_input_ids", "pixel_values", "bbox", "noise", "lang_ids",
+           "visual_feats", "visual_pos")
 
 
 def _parameters(model) -> dict[str, inspect.Parameter]:
@@ -176,10 +218,18 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
             if parameters[name].default is inspect.Parameter.empty:
                 raise InputError(f"no input rule for the required forward argument {name!r} of {type(model).__name__}")
             continue
-        inputs[name] = rule(context)
+        value = rule(context)
+        if value is not None:
+            inputs[name] = value
     if "pixel_values" in inputs and "input_ids" in inputs and _image_token(model.config) is not None:
         _place_image_tokens(context, inputs)
+    if type(model).__name__.endswith("ForMultipleChoice"):  # every sample is NUM_CHOICES sequences
+        for name in ("input_ids", "attention_mask", "token_type_ids"):
+            if name in inputs:
+                inputs[name] = inputs[name].unsqueeze(1).expand(-1, NUM_CHOICES, -1).contiguous()
     modalities = [MODALITY_INPUTS[name] for name in inputs if name in MODALITY_INPUTS]
+    if "pixel_values" in inputs and inputs["pixel_values"].dim() == 5 and "KeypointMatching" not in type(model).__name__:
+        modalities = ["video" if m == "image" else m for m in modalities]
     if "input_ids" in inputs or "decoder_input_ids" in inputs:
         modalities.insert(0, "text")
     return inputs, "+".join(dict.fromkeys(modalities)) or "other"

@@ -21,6 +21,7 @@ HEADS = 4
 KV_HEADS = 2
 HEAD_DIM = WIDTH // HEADS
 LAYERS = 2
+MAX_LAYERS = 4  # when a model selects several layers' outputs (DPT necks), it gets up to this many
 VOCAB = 128  # ids >= SPECIAL_FLOOR are kept for special tokens; inputs draw from below it
 SPECIAL_FLOOR = 100
 POSITIONS = 128
@@ -33,60 +34,93 @@ WINDOW = 4
 _TOKEN_ID = re.compile(r"(^|_)(token_id|token_index|token_ids|start_token_id|id)$|_token_(id|index)$")
 
 
-def _cap(value, limit):
-    return min(value, limit) if isinstance(value, int) and not isinstance(value, bool) else value
-
-
-def _scaled_list(values, top):
-    """A per-stage list of widths, scaled so its largest is ``top``, each a positive multiple of 8."""
-    largest = max(values)
-    if largest <= top:
-        return type(values)(values)
-    return type(values)(max(8, int(round(v * top / largest / 8)) * 8) for v in values)
+def _int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _int_list(value) -> bool:
-    return isinstance(value, (list, tuple)) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    return isinstance(value, (list, tuple)) and bool(value) and all(_int(v) for v in value)
 
 
-# (attribute-name pattern, rule(value) -> new value). The first matching pattern whose rule applies wins.
+def _cap(limit):
+    """Cap an int, or each int of a list, at ``limit``: the same value always maps to the same value, so sizes
+    that must agree (a backbone's output channels, a neck's input channels) still agree after shrinking."""
+
+    def rule(value):
+        if _int(value):
+            return min(value, limit)
+        if _int_list(value):
+            return [min(v, limit) for v in value]
+        return value
+
+    return rule
+
+
+def _heads(value):
+    """Head counts become powers of two, at most ``HEADS``: they must divide widths that stages double."""
+
+    def fit(count):
+        return max(1, min(HEADS, 1 << (count.bit_length() - 1))) if count > 0 else count
+
+    if _int(value):
+        return fit(value)
+    if _int_list(value):
+        return [fit(v) for v in value]
+    return value
+
+
+def _big_only(limit, floor):
+    """Cap only values of at least ``floor`` (a sliding window of 4096 tokens, not a window of 7 patches)."""
+
+    def rule(value):
+        return min(value, limit) if _int(value) and value >= floor else value
+
+    return rule
+
+
+def _image(value):
+    if _int(value) and value >= 64:
+        return IMAGE
+    if _int_list(value) and min(value) >= 64:
+        return [IMAGE] * len(value)
+    return value
+
+
+# (attribute-name pattern, rule(value) -> new value), first match wins; None keeps the value.
 _RULES: list[tuple[re.Pattern, Any]] = [
-    (r"^(num_feat_extract_layers|num_conv_pos_embedding_groups|num_conv_pos_embeddings)$", None),  # tied to lists
-    (r"^(first_k_dense_replace|num_dense_layers|insert_layer_id|max_window_layers)$", lambda v: _cap(v, 1)),
+    (r"^(num_feat_extract_layers|num_conv_pos_embedding_groups|num_conv_pos_embeddings|num_channels|in_channels"
+     r"|input_channels|audio_channels|image_channels|num_mel_bins|feature_size|sampling_rate)$", None),
+    (r"^(first_k_dense_replace|num_dense_layers|insert_layer_id|max_window_layers)$", _cap(1)),
     (r"^(num_hidden_layers|num_layers|n_layers?|encoder_layers|decoder_layers|num_encoder_layers"
-     r"|num_decoder_layers|depth|num_blocks|\w+_layers|\w+_depth|num_hidden_blocks)$", lambda v: _cap(v, LAYERS)),
-    (r"^(num_key_value_heads|num_kv_heads|n_kv_heads|multi_query_group_num|\w+_kv_heads)$", lambda v: _cap(v, KV_HEADS)),
+     r"|num_decoder_layers|depth|num_blocks|\w+_layers|\w+_depth|num_hidden_blocks)$", _cap(LAYERS)),
+    (r"^(num_key_value_heads|num_kv_heads|n_kv_heads|multi_query_group_num|\w+_kv_heads)$", _cap(KV_HEADS)),
     (r"^(num_attention_heads|n_heads?|num_heads|encoder_attention_heads|decoder_attention_heads|attention_heads"
-     r"|\w+_attention_heads|\w+_num_heads|num_\w+_heads)$",
-     lambda v: _cap(v, HEADS) if isinstance(v, int) else type(v)(min(h, 2) for h in v) if _int_list(v) else v),
+     r"|\w+_attention_heads|\w+_num_heads|num_\w+_heads)$", _heads),
     (r"^(qk_rope_head_dim|qk_nope_head_dim|v_head_dim|head_dim|d_kv|kv_channels|dim_head|attention_head_dim"
-     r"|\w+_head_dim|head_size)$", lambda v: _cap(v, HEAD_DIM)),
-    (r"^(kv_lora_rank|q_lora_rank|\w+_lora_rank)$", lambda v: _cap(v, 16)),
+     r"|\w+_head_dim|head_size)$", _cap(HEAD_DIM)),
+    (r"^(kv_lora_rank|q_lora_rank|\w+_lora_rank)$", _cap(16)),
     (r"^(num_experts|num_local_experts|n_routed_experts|moe_num_experts|num_experts_per_layer|n_experts)$",
-     lambda v: _cap(v, EXPERTS)),
+     _cap(EXPERTS)),
     (r"^(num_experts_per_tok|moe_topk|top_k|num_selected_experts|moe_k|router_topk|num_experts_per_token)$",
-     lambda v: _cap(v, EXPERTS_PER_TOKEN)),
-    (r"^(n_shared_experts|num_shared_experts|moe_num_shared_experts)$", lambda v: _cap(v, 1)),
-    (r"^(n_group|topk_group)$", lambda v: _cap(v, 1)),
-    (r"(^|_)vocab_size$", lambda v: _cap(v, VOCAB) if isinstance(v, int) and v > 16 else v),
+     _cap(EXPERTS_PER_TOKEN)),
+    (r"^(n_shared_experts|num_shared_experts|moe_num_shared_experts)$", _cap(1)),
+    (r"^(n_group|topk_group)$", _cap(1)),
+    (r"^num_groups$", _cap(4)),  # group norms: must divide channels as small as 8
+    (r"(^|_)vocab_size$", _big_only(VOCAB, 17)),
     (r"^(max_position_embeddings|n_positions|max_source_positions|max_target_positions|max_seq_len"
-     r"|max_sequence_length|n_ctx|max_length|\w+_max_position_embeddings)$", lambda v: _cap(v, POSITIONS)),
-    (r"^(sliding_window|window_size|attention_window)$", lambda v: _cap(v, WINDOW) if isinstance(v, int) and v > 64 else v),
+     r"|max_sequence_length|n_ctx|max_length|\w+_max_position_embeddings)$", _big_only(POSITIONS, POSITIONS)),
+    (r"^(sliding_window|attention_window)$", _big_only(WINDOW, 64)),
+    (r"^num_frames$", _cap(4)),
     (r"(intermediate_size|ffn_dim|^d_ff$|^n_inner$|mlp_dim|intermediate_dim|ffn_hidden_size|^dim_feedforward$)",
-     lambda v: _cap(v, FFN)),
-    (r"^(image_size|img_size|input_size)$",
-     lambda v: _cap(v, IMAGE) if isinstance(v, int) and v >= 64 else type(v)(IMAGE for _ in v)
-     if _int_list(v) and min(v) >= 64 else v),
-    (r"^patch_size$", lambda v: _cap(v, PATCH) if isinstance(v, int) else v),
-    (r"^(conv_dim|tdnn_dim)$", lambda v: type(v)(min(c, WIDTH) for c in v) if _int_list(v) else v),
-    (r"^(hidden_sizes|embed_dims|dims|neck_hidden_sizes|embedding_dims|channels|widths|block_widths"
-     r"|encoder_hidden_sizes|decoder_hidden_sizes)$", lambda v: _scaled_list(v, WIDTH) if _int_list(v) else v),
-    (r"^(depths|layers_per_stage|num_layers_per_stage|stage_depths)$",
-     lambda v: type(v)(min(d, 1) for d in v) if _int_list(v) else v),
+     _cap(FFN)),
+    (r"^(image_size|img_size)$", _image),
+    (r"^patch_size$", _big_only(PATCH, PATCH)),
+    (r"^(depths|layers_per_stage|num_layers_per_stage|stage_depths)$", _cap(1)),
+    # every other width: hidden sizes, embeddings, projections, per-stage channel lists
     (r"(hidden_size|d_model|n_embd|embed_dim|hidden_dim|embedding_size|embedding_dim|projection_dim|proj_dim"
-     r"|projection_size|proj_size|projector_dim"
-     r"|d_embed|model_dim|_width$|^width$|^dim$|output_dim|out_channels|num_filters|latent_dim|codebook_dim)",
-     lambda v: _cap(v, WIDTH)),
+     r"|projection_size|proj_size|projector_dim|d_embed|model_dim|_width$|^width$|widths|^dim$|^dims$|output_dim"
+     r"|channels$|_channels|num_filters|latent_dim|codebook_dim|conv_dim|tdnn_dim|hidden_sizes|embed_dims"
+     r"|embedding_dims)", _cap(WIDTH)),
 ]
 _RULES = [(re.compile(pattern), rule) for pattern, rule in _RULES]
 
@@ -115,40 +149,92 @@ def _layers_of(values: dict) -> int | None:
     return None
 
 
-def _fit_per_layer_list(values: list, layers: int):
+def _fit_per_layer_list(values: list, layers: int) -> list:
     """A list with one entry per layer, cut to ``layers`` entries, keeping each distinct kind where it can."""
-    kinds = list(dict.fromkeys(values))
+    kinds = list(dict.fromkeys(values)) if all(isinstance(v, (str, int, type(None))) for v in values) else values
     if len(kinds) <= layers:
-        chosen = kinds + [values[-1]] * (layers - len(kinds))
-        # keep the original order of first appearance, repeating the last kind
-        return chosen
-    return values[:layers]
+        return kinds + [values[-1]] * (layers - len(kinds))
+    return list(values[:layers])
+
+
+def _fit_layer_indices(indices: list, original: int, layers: int) -> list:
+    """Layer indices (``global_attn_indexes=[2, 5, 8, 11]``) spread over the new depth in the same order; the
+    count is kept, since other lists are sized by it (one neck input per index)."""
+    positive = sorted({i for i in indices if i >= 0})
+    if len(positive) <= 1:
+        return [min(layers - 1, i * layers // max(original, 1)) if i >= 0 else i for i in indices]
+    spread = {old: round(rank * (layers - 1) / (len(positive) - 1)) for rank, old in enumerate(positive)}
+    if max(positive) >= original:  # 1-based (stage numbers): keep them 1-based
+        spread = {old: new + 1 for old, new in spread.items()}
+    return [spread.get(i, i) for i in indices]
+
+
+def _set_layers(values: dict, layers: int) -> int:
+    for key in ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "decoder_layers", "encoder_layers"):
+        if _int(values.get(key)):
+            values[key] = layers
+    return layers
+
+
+_LAYER_INDEX_LIST = re.compile(r"(_indexes|_indices|_idxs?|_layer_ids|_layers|_layer_idx)$")
+_BACKBONE_FIELDS = {"use_timm_backbone": False, "use_pretrained_backbone": False}
+
+
+def _own_values(config, fields) -> dict:
+    """Field values as stored, without triggering per-layer attribute guards (``config.head_dim`` may raise)."""
+    stored = vars(config)
+    values = {}
+    for name in fields:
+        if name in stored:
+            values[name] = stored[name]
+        else:
+            try:
+                values[name] = getattr(config, name)
+            except AttributeError:
+                continue
+    return values
+
+
+def _without_timm(config):
+    """A timm backbone becomes transformers' own ResNet with the same outputs: timm cannot load here."""
+    if getattr(config, "model_type", "") != "timm_backbone":
+        return config
+    from transformers import ResNetConfig
+
+    out_indices = list(getattr(config, "out_indices", None) or [1, 2, 3, 4])
+    return ResNetConfig(num_channels=getattr(config, "num_channels", 3), out_indices=out_indices)
 
 
 def shrink(config) -> dict:
     """The keyword arguments that build a tiny version of ``config`` (its class' fields only)."""
     fields = _init_fields(type(config))
-    original_layers = _layers_of({name: getattr(config, name, None) for name in fields})
+    current = _own_values(config, fields)
+    original_layers = _layers_of(current)
     values: dict[str, Any] = {}
-    for name in fields:
-        value = getattr(config, name, None)
-        if _is_config(value):
-            values[name] = tiny_from(value)
-        elif isinstance(value, dict) and isinstance(value.get("model_type"), str):
+    for name, value in current.items():
+        if name.startswith("_") or name in ("id2label", "label2id"):
+            continue
+        if isinstance(value, dict) and isinstance(value.get("model_type"), str):
             from transformers import AutoConfig
 
-            values[name] = tiny_from(AutoConfig.for_model(**value))
-        elif name not in ("id2label", "label2id") and not name.startswith("_"):
+            value = AutoConfig.for_model(**value)
+        if _is_config(value):
+            values[name] = tiny_from(_without_timm(value))
+        elif name in _BACKBONE_FIELDS:
+            values[name] = _BACKBONE_FIELDS[name]  # timm and hub weights are not here: the built-in backbone is
+        else:
             values[name] = _shrink_value(name, value)
+    if "vocab_size" in values and values["vocab_size"] is None:
+        values["vocab_size"] = VOCAB  # heads like CTC need one
     _restore_invariants(config, values, original_layers)
     return values
 
 
 def _restore_invariants(config, values: dict, original_layers: int | None) -> None:
     # Widths must divide into heads.
-    width_keys = [k for k in ("hidden_size", "d_model", "n_embd", "embed_dim", "dim") if isinstance(values.get(k), int)]
+    width_keys = [k for k in ("hidden_size", "d_model", "n_embd", "embed_dim", "dim") if _int(values.get(k))]
     head_keys = [k for k in values if re.fullmatch(r"num_attention_heads|n_heads?|num_heads|encoder_attention_heads"
-                                                   r"|decoder_attention_heads", k) and isinstance(values[k], int)]
+                                                   r"|decoder_attention_heads", k) and _int(values[k])]
     for width_key in width_keys:
         for head_key in head_keys:
             heads = values[head_key]
@@ -157,29 +243,46 @@ def _restore_invariants(config, values: dict, original_layers: int | None) -> No
             values[head_key] = heads
     heads = next((values[k] for k in head_keys), None)
     for key in ("num_key_value_heads", "num_kv_heads", "n_kv_heads"):
-        if isinstance(values.get(key), int) and heads:
+        if _int(values.get(key)) and heads:
             kv = min(values[key], heads)
             while heads % kv:
                 kv -= 1
             values[key] = kv
     # A separate head_dim kept from the defaults would not match the new width.
-    if values.get("head_dim") is not None and width_keys and heads:
+    if _int(values.get("head_dim")) and width_keys and heads:
         values["head_dim"] = values[width_keys[0]] // heads
     # Rotary sizes live inside the head.
-    head_dim = values.get("head_dim") or (values[width_keys[0]] // heads if width_keys and heads else None)
-    if isinstance(values.get("rotary_dim"), int) and head_dim:
+    head_dim = values.get("head_dim") if _int(values.get("head_dim")) else None
+    head_dim = head_dim or (values[width_keys[0]] // heads if width_keys and heads else None)
+    if _int(values.get("rotary_dim")) and head_dim:
         values["rotary_dim"] = min(values["rotary_dim"], head_dim)
     if head_dim:
         _fit_rope_sections(type(config), values, head_dim)
-    # Lists with one entry per layer follow the layer count.
+    # Windows counted in pixels keep their size in patches; windows counted in tokens shrink with the image.
+    if _int(values.get("window_size")) and _int(values.get("patch_size")) and _int(getattr(config, "patch_size", None)):
+        old_patch, window = config.patch_size, values["window_size"]
+        if window >= old_patch and window % old_patch == 0:
+            values["window_size"] = window // old_patch * values["patch_size"]
+        elif window < 64 and ("image_size" in values):
+            values["window_size"] = min(window, 2)
+    # Hierarchical windowed vision models halve the resolution per stage: the last stage must still hold a window.
+    depths, window, patch = values.get("depths"), values.get("window_size"), values.get("patch_size")
+    if _int_list(depths) and _int(window) and _int(patch) and _int(values.get("image_size")):
+        values["image_size"] = max(values["image_size"], window * patch * 2 ** (len(depths) - 1))
+    # Lists with one entry per layer follow the layer count; lists of layer indices move into it, each index to
+    # its own layer (models select hidden states by membership, so two indices must not collapse into one).
     layers = _layers_of(values)
+    index_lists = [k for k, v in values.items() if _LAYER_INDEX_LIST.search(k) and _int_list(v)]
+    if original_layers and layers and index_lists:
+        needed = min(MAX_LAYERS, max(len(set(values[k])) for k in index_lists))
+        if needed > layers:
+            layers = _set_layers(values, needed)
     if original_layers and layers and layers != original_layers:
         for key, value in list(values.items()):
-            if isinstance(value, (list, tuple)) and len(value) == original_layers and not _int_list(value):
-                values[key] = type(value)(_fit_per_layer_list(list(value), layers))
-            elif key.endswith(("_indexes", "_indices", "_layer_ids", "_layers_idx")) and _int_list(value):
-                kept = [index for index in value if 0 <= index < layers]
-                values[key] = type(value)(kept or [layers - 1])
+            if isinstance(value, (list, tuple)) and len(value) == original_layers and original_layers >= 4:
+                values[key] = _fit_per_layer_list(list(value), layers)
+            elif _LAYER_INDEX_LIST.search(key) and _int_list(value) and max(value) < original_layers + 1:
+                values[key] = _fit_layer_indices(list(value), original_layers, layers)
     _fit_token_ids(values)
 
 
@@ -204,7 +307,7 @@ def _fit_token_ids(values: dict) -> None:
                 values[key] = next(i for i in range(vocab - 1, SPECIAL_FLOOR - 1, -1) if i not in taken)
             taken.add(values[key])
         elif _int_list(value):
-            values[key] = type(value)(v if v < vocab else vocab - 1 - (i % 4) for i, v in enumerate(value))
+            values[key] = [v if v < vocab else vocab - 1 - (i % 4) for i, v in enumerate(value)]
 
 
 # Qwen-VL models fall back to these sections when the config names none (for a 128-wide head).
