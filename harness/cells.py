@@ -247,6 +247,8 @@ def run_cell(cell: Cell, context: ClassContext, registry=None, on_stage: Callabl
             record.stages.append(StageRecord("registry", "skip", 0.0, "ExportSkip", f"{skip.reason} ({skip.url})"))
             return _done(record)
     options = {"dynamic": cell.shape_mode == "dynamic"}
+    if cell.shape_mode == "dynamic":
+        options["dynamic_shapes"] = varying_axes(context.inputs["A"], context.inputs["B"])
     if cell.backend == "onnx" and registry is not None:
         entry = registry.optimize_disabled_for(cell.model.name, cell.shape_mode)
         if entry is not None:
@@ -309,6 +311,23 @@ def run_cell(cell: Cell, context: ClassContext, registry=None, on_stage: Callabl
         stage.message = f"outputs differ from eager beyond atol={atol:g} rtol={rtol:g}: {', '.join(worst[:5])}"
     record.stages.append(stage)
     return _done(record)
+
+
+def varying_axes(first: dict, second: dict) -> dict | None:
+    """``Dim.AUTO`` on the axes that differ between the two input sets (batch, sequence), static elsewhere.
+
+    A user marks the axes they will vary; marking every axis of an image makes torch.export reason symbolically
+    about convolution arithmetic it never needs. None (every axis) when an input is not a plain tensor.
+    """
+    import torch
+
+    shapes = {}
+    for name, value in first.items():
+        other = second.get(name)
+        if not isinstance(value, torch.Tensor) or not isinstance(other, torch.Tensor) or value.dim() != other.dim():
+            return None
+        shapes[name] = {axis: torch.export.Dim.AUTO for axis in range(value.dim()) if value.shape[axis] != other.shape[axis]}
+    return shapes
 
 
 def _exporter_stages(stages: list[dict]) -> list[StageRecord]:
