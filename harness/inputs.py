@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import torch
 
+from .tables import FEATURE_EXTRACTOR_OVERRIDES
 from .tiny import IMAGE, SPECIAL_FLOOR, special_token_ids, text_vocab
 
 # The two input sets: "A" is exported with, "B" (another batch and length) runs dynamic exports.
@@ -97,15 +98,47 @@ def _int_attr(config, name):
 
 
 def _input_features(context: Context) -> torch.Tensor:
+    """Audio features made by the model type's own feature extractor from random audio, so their layout (mel bins
+    first or frames first), bin count and framing are the model's; encoders with a fixed frame count (Whisper's
+    2 x max_source_positions) get exactly that many frames."""
     config = context.sub("audio_config", "encoder_config", "encoder")
-    bins = getattr(config, "num_mel_bins", None) or getattr(config, "feature_size", None) or getattr(config, "input_feat_per_channel", None) or 80
+    bins = getattr(config, "num_mel_bins", None) or getattr(config, "feature_size", None)
+    extractor = _feature_extractor(context.config.model_type, bins)
+    # Whisper-style extractors pad to a fixed chunk; their encoders take exactly 2 x max_source_positions frames.
+    positions = getattr(config, "max_source_positions", None) if hasattr(extractor, "chunk_length") else None
+    if extractor is not None:
+        hop = getattr(extractor, "hop_length", 160)
+        length = 2 * positions * hop if positions else AUDIO_SAMPLES[context.label]
+        audio = [(torch.randn(length, generator=context.generator) * 0.1).numpy() for _ in range(context.batch)]
+        options = {"sampling_rate": getattr(extractor, "sampling_rate", 16000), "return_tensors": "pt"}
+        try:
+            features = extractor(audio, padding="max_length" if positions else "longest", max_length=length, **options)
+        except TypeError:
+            features = extractor(audio, **options)
+        values = features.get("input_features")
+        if values is not None:
+            return values.float()
     positions = getattr(config, "max_source_positions", None)
-    frames = 2 * positions if positions else 64  # Whisper-style encoders take exactly 2 x max_source_positions
-    if getattr(context.model, "main_input_name", "") == "input_features" and "whisper" not in type(context.model).__name__.lower():
-        # speech_to_text style: (batch, frames, features) when the config speaks of feature_size
-        if getattr(config, "input_feat_per_channel", None) or getattr(config, "feature_size", None) and not getattr(config, "num_mel_bins", None):
-            return context.randn(context.batch, frames, bins)
-    return context.randn(context.batch, bins, frames)
+    return context.randn(context.batch, bins or 80, 2 * positions if positions else 64)
+
+
+def _feature_extractor(model_type: str, bins: int | None):
+    """The model type's feature extractor, set to the config's number of mel bins."""
+    import transformers
+    from transformers.models.auto.feature_extraction_auto import FEATURE_EXTRACTOR_MAPPING_NAMES
+
+    name = FEATURE_EXTRACTOR_OVERRIDES.get(model_type) or FEATURE_EXTRACTOR_MAPPING_NAMES.get(model_type)
+    if not name:
+        return None
+    extractor_class = getattr(transformers, name)
+    for options in ({"feature_size": bins} if bins else None, {}):
+        if options is None:
+            continue
+        try:
+            return extractor_class(**options)
+        except Exception:  # a keyword it does not take, or an optional package it needs
+            continue
+    return None
 
 
 def _input_values(context: Context) -> torch.Tensor:
@@ -223,6 +256,9 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
             inputs[name] = value
     if "pixel_values" in inputs and "input_ids" in inputs and _image_token(model.config) is not None:
         _place_image_tokens(context, inputs)
+    eos = getattr(model.config, "eos_token_id", None)
+    if type(model).__name__.endswith("ForSequenceClassification") and isinstance(eos, int) and "input_ids" in inputs:
+        inputs["input_ids"][:, -1] = eos  # encoder-decoder classifiers pool the hidden state at <eos>
     if type(model).__name__.endswith("ForMultipleChoice"):  # every sample is NUM_CHOICES sequences
         for name in ("input_ids", "attention_mask", "token_type_ids"):
             if name in inputs:

@@ -46,6 +46,11 @@ SMOKE_SET = (
 # model type -> {config attribute (dotted into sub-configs): value}, applied after the generic shrink.
 TINY_OVERRIDES: dict[str, dict] = {}
 
+# model type -> feature extractor class, where the auto mapping names one that does not make this model's inputs.
+FEATURE_EXTRACTOR_OVERRIDES: dict[str, str] = {
+    "wav2vec2-bert": "SeamlessM4TFeatureExtractor",  # mapped to Wav2Vec2's raw-audio extractor; takes stacked mels
+}
+
 # model class -> {"atol": ..., "rtol": ..., "backends": [...], "reason": ...}: a tolerance wider than the default,
 # shown on the dashboard next to every cell it applies to.
 TOLERANCE_OVERRIDES: dict[str, dict] = {}

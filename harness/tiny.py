@@ -226,6 +226,8 @@ def shrink(config) -> dict:
             values[name] = _shrink_value(name, value)
     if "vocab_size" in values and values["vocab_size"] is None:
         values["vocab_size"] = VOCAB  # heads like CTC need one
+    if "pad_token_id" in values and values["pad_token_id"] is None and _int(values.get("vocab_size")):
+        values["pad_token_id"] = 0  # sequence classification finds the last token through it; inputs never hold 0
     _restore_invariants(config, values, original_layers)
     return values
 
@@ -242,8 +244,12 @@ def _restore_invariants(config, values: dict, original_layers: int | None) -> No
                 heads -= 1
             values[head_key] = heads
     heads = next((values[k] for k in head_keys), None)
+    original = vars(config)
     for key in ("num_key_value_heads", "num_kv_heads", "n_kv_heads"):
         if _int(values.get(key)) and heads:
+            if any(original.get(key) == original.get(k) for k in head_keys):
+                values[key] = heads  # multi-head attention stays multi-head (MLA expands keys to every head)
+                continue
             kv = min(values[key], heads)
             while heads % kv:
                 kv -= 1
