@@ -65,7 +65,8 @@ def pytest_configure(config):
 
 
 def pytest_configure_node(node):
-    node.workerinput["sweep_run_dir"] = str(node.config.sweep_run_dir)
+    if _sweeping(node.config):
+        node.workerinput["sweep_run_dir"] = str(node.config.sweep_run_dir)
 
 
 def pytest_sessionfinish(session, exitstatus):

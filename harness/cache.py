@@ -84,7 +84,7 @@ class ResultCache:
             try:
                 from .tiny import tiny_config
 
-                tiny = tiny_config(model.model_type).to_json_string(use_diff=False)
+                tiny = tiny_config(model).to_json_string(use_diff=False)
             except Exception as error:  # the config stage will fail the same way: key on the failure
                 tiny = f"error: {type(error).__name__}: {error}"
             entries = []

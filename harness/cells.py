@@ -115,7 +115,7 @@ class ClassContext:
     def _config(self):
         from .tiny import tiny_config
 
-        self.config = tiny_config(self.model_class.model_type)
+        self.config = tiny_config(self.model_class)
 
     def _build(self):
         import torch

@@ -28,6 +28,7 @@ class ModelClass:
     model_type: str
     tasks: tuple[str, ...]
     module: str  # transformers module that defines it, e.g. "models.llama.modeling_llama"
+    config: str  # its config class, "module:Name"
 
     @property
     def task(self) -> str:
@@ -44,6 +45,12 @@ class ModelClass:
         import transformers
 
         return getattr(transformers, self.name)
+
+    def config_class(self):
+        import importlib
+
+        module, _, name = self.config.partition(":")
+        return getattr(importlib.import_module(module), name)
 
 
 class SelectionError(LookupError):
@@ -99,10 +106,15 @@ def all_model_classes() -> dict[str, ModelClass]:
         module = class_modules.get(name, "")
         folder = _model_folder(module)
         # A class listed under several model types belongs to the one whose config lives in its own folder.
-        types = sorted(entry["types"], key=lambda model_type: (config_folder.get(model_type) != folder, model_type))
-        classes[name] = ModelClass(name, types[0], tuple(sorted(entry["tasks"])), module)
-    for name, (model_type, module) in _extra_classes(frozenset(classes)).items():
-        classes[name] = ModelClass(name, model_type, (EXTRA_TASK,), module)
+        types = sorted(
+            entry["types"],
+            key=lambda t: (config_folder.get(t) != folder, t.replace("-", "_") != folder, t),
+        )
+        config = CONFIG_MAPPING_NAMES[types[0]]
+        config_module = f"transformers.{class_modules[config]}" if config in class_modules else "transformers"
+        classes[name] = ModelClass(name, types[0], tuple(sorted(entry["tasks"])), module, f"{config_module}:{config}")
+    for name, (model_type, module, config) in _extra_classes(frozenset(classes)).items():
+        classes[name] = ModelClass(name, model_type, (EXTRA_TASK,), module, config)
     return classes
 
 
@@ -111,11 +123,11 @@ def _cache_dir() -> Path:
     return Path(root)
 
 
-def _extra_classes(mapped: frozenset[str]) -> dict[str, tuple[str, str]]:
-    """Public PreTrainedModel subclasses outside the mappings: ``{name: (model type, module)}``, cached."""
+def _extra_classes(mapped: frozenset[str]) -> dict[str, tuple[str, str, str]]:
+    """Public PreTrainedModel subclasses outside the mappings: ``{name: (model type, module, config)}``, cached."""
     import transformers
 
-    cache_file = _cache_dir() / f"extra-classes-{transformers.__version__}.json"
+    cache_file = _cache_dir() / f"extra-classes-v2-{transformers.__version__}.json"
     if cache_file.is_file():
         try:
             return {name: tuple(value) for name, value in json.loads(cache_file.read_text()).items()}
@@ -133,7 +145,7 @@ def _extra_classes(mapped: frozenset[str]) -> dict[str, tuple[str, str]]:
             continue
         config_class = getattr(value, "config_class", None)
         if isinstance(value, type) and issubclass(value, PreTrainedModel) and getattr(config_class, "model_type", ""):
-            extras[name] = (config_class.model_type, module)
+            extras[name] = (config_class.model_type, module, f"{config_class.__module__}:{config_class.__name__}")
     cache_file.parent.mkdir(parents=True, exist_ok=True)
     cache_file.write_text(json.dumps(extras, indent=0, sort_keys=True))
     return extras

@@ -117,7 +117,8 @@ def error_signature(stage: str, error_type: str | None, message: str | None) -> 
     text = (message or "").strip().splitlines()
     first = next((line for line in text if line.strip()), "")
     # Exporters prefix "[backend:stage] Type: "; the bucket already has both.
-    first = re.sub(r"^\[[\w-]+:[\w-]+\]\s*", "", first)
+    if re.match(r"^\[[\w-]+:[\w-]+\]", first):  # "[onnx:run] TypeName: message" from an exporter
+        first = re.sub(r"^\[[\w-]+:[\w-]+\]\s*(\w+:\s*)?", "", first)
     first = re.sub(r"^\w+(Error|Exception)\w*:\s*", "", first)
     for pattern, replacement in _SIGNATURE_RULES:
         first = pattern.sub(replacement, first)

@@ -354,13 +354,12 @@ def _apply_overrides(values: dict, overrides: dict) -> None:
         target[leaf] = value
 
 
-def tiny_config(model_type: str):
-    """The tiny config of ``model_type``: defaults, shrunk, then its ``TINY_OVERRIDES`` row."""
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    config_class = CONFIG_MAPPING[model_type]
+def tiny_config(model_class):
+    """The tiny config of a ``ModelClass``: its config class' defaults, shrunk, then its model type's
+    ``TINY_OVERRIDES`` row."""
+    config_class = model_class.config_class()
     values = shrink(config_class())
-    _apply_overrides(values, TINY_OVERRIDES.get(model_type, {}))
+    _apply_overrides(values, TINY_OVERRIDES.get(model_class.model_type, {}))
     return config_class(**values)
 
 

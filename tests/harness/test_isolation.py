@@ -1,0 +1,129 @@
+"""Warm workers isolate each cell: a segfault, a hang or a memory blow-up fails that cell only, with its stage,
+and the class' next cell runs in a fresh worker. The faults are real: a patch installed for the Dynamo trace
+dereferences NULL, sleeps, or allocates, inside the forked child."""
+
+import ctypes
+import time
+
+import pytest
+
+from exporters import utils
+from harness.cells import Cell
+from harness.models import select
+from harness.store import RunStore
+from harness.sweep import Plan, Progress, run_sweep
+from harness.workers import WorkerOptions, warm_imports
+
+
+def _segfault():
+    ctypes.string_at(0)
+
+
+def _hang():
+    time.sleep(3600)
+
+
+def _blow_up_memory():
+    hoard = b"x" * (1 << 30)  # 1 GiB, written (a torch tensor would be a fake one while tracing)
+    time.sleep(60)
+    return hoard
+
+
+@pytest.fixture
+def fault_once(tmp_path):
+    """Install a Dynamo patch that runs ``fault`` the first time a trace calls it (a marker file remembers)."""
+    saved = list(utils._PATCHES["dynamo"])
+
+    def install(fault):
+        marker = tmp_path / "fault-done"
+
+        @utils.register_patch("dynamo", "torch.nn.functional.scaled_dot_product_attention")
+        def _patch_fault(original):
+            def sdpa(*args, **kwargs):
+                if not marker.exists():
+                    marker.write_text("x")
+                    fault()
+                return original(*args, **kwargs)
+
+            return sdpa
+
+    yield install
+    utils._PATCHES["dynamo"][:] = saved
+
+
+@pytest.mark.parametrize(
+    "fault, status, message",
+    [
+        (_segfault, "crash", "died of SIGSEGV (segmentation fault) in stage export"),
+        (_hang, "timeout", "ran past the 20 s cell timeout in stage export"),
+        (_blow_up_memory, "oom", "over the 900 MB memory cap, in stage export"),
+    ],
+    ids=["segfault", "hang", "memory"],
+)
+def test_a_faulty_cell_fails_alone_and_the_sweep_goes_on(tmp_path, fault_once, fault, status, message):
+    fault_once(fault)
+    warm_imports(["dynamo"])
+    store = RunStore(tmp_path / "run")
+    store.create({})
+    plan = Plan(select("BertModel"), ("dynamo",), ("static", "dynamic"))
+    options = WorkerOptions(timeout=20, memory_cap_mb=900, log_dir=tmp_path / "logs")
+    counts = run_sweep(plan, store, options, jobs=1, progress=Progress(plan.total, every=60))
+    first, second = store.read("BertModel-dynamo-static"), store.read("BertModel-dynamo-dynamic")
+    assert (first.status, first.stage) == (status, "export")
+    assert message in first.message
+    assert [s.name for s in first.stages] == ["config", "build", "eager", "export"], "shared stages kept"
+    assert second.status == "pass", "the next cell ran in a fresh worker"
+    assert counts == {status: 1, "pass": 1}
+
+
+def test_a_crash_in_a_shared_stage_is_not_retried_for_every_cell(tmp_path, monkeypatch):
+    from harness import cells
+
+    def crash_building(self):
+        _segfault()
+
+    monkeypatch.setattr(cells.ClassContext, "_build", crash_building)  # inherited by the forked child
+    warm_imports(["dynamo"])
+    store = RunStore(tmp_path / "run")
+    plan = Plan(select("BertModel"), ("dynamo", "onnx"), ("static",))
+    started = time.monotonic()
+    run_sweep(plan, store, WorkerOptions(timeout=60), jobs=1, progress=Progress(plan.total, every=60))
+    records = store.records()
+    assert [(r.status, r.stage) for r in records] == [("crash", "build")] * 2
+    assert "not retried" in records[1].message
+    assert time.monotonic() - started < 60
+
+
+def test_cells_of_one_class_share_the_built_model(tmp_path):
+    warm_imports(["dynamo"])
+    store = RunStore(tmp_path / "run")
+    plan = Plan(select("BertModel"), ("dynamo",), ("static", "dynamic"))
+    run_sweep(plan, store, WorkerOptions(timeout=120), jobs=1, progress=Progress(plan.total, every=60))
+    first, second = store.read("BertModel-dynamo-static"), store.read("BertModel-dynamo-dynamic")
+    assert first.status == second.status == "pass"
+    assert first.worker == second.worker
+    build = [[s for s in r.stages if s.name == "build"][0] for r in (first, second)]
+    assert build[0].seconds == build[1].seconds, "built once: both cells carry the same build stage"
+
+
+def test_parity_mismatch_is_recorded_with_diffs_not_raised(tmp_path):
+    """A Dynamo patch that nudges layer norm during the trace: the exported program differs from eager."""
+    from harness.cells import ClassContext, run_cell
+
+    saved = list(utils._PATCHES["dynamo"])
+
+    @utils.register_patch("dynamo", "torch.nn.functional.layer_norm")
+    def _patch_nudge_layer_norm(original):
+        return lambda *args, **kwargs: original(*args, **kwargs) + 0.5
+
+    try:
+        model = select("BertModel")[0]
+        record = run_cell(Cell(model, "dynamo", "static"), ClassContext(model))
+    finally:
+        utils._PATCHES["dynamo"][:] = saved
+    assert (record.status, record.stage) == ("fail", "parity")
+    assert record.max_abs_diff > 1e-4 and record.atol == 1e-4
+    assert record.parity["last_hidden_state"]["ok"] is False
+    assert record.max_abs_diff == max(detail["abs"] for detail in record.parity.values())
+    assert "outputs differ from eager beyond atol=0.0001" in record.message
+    assert "_patch_nudge_layer_norm" in record.applied

@@ -1,0 +1,66 @@
+"""Tiny configs and inputs: a spread of model kinds builds and runs eager, with the inputs each kind needs."""
+
+import pytest
+
+from harness.cells import ClassContext
+from harness.models import select
+from harness.tiny import VOCAB, WIDTH, tiny_config
+
+KINDS = {
+    "LlamaForCausalLM": "text",
+    "BertForMultipleChoice": "text",
+    "BartForSequenceClassification": "text",
+    "DeepseekV3ForCausalLM": "text",
+    "ViTMAEModel": "image",
+    "SwinForImageClassification": "image",
+    "DetrModel": "image",
+    "VideoMAEModel": "video",
+    "Wav2Vec2ForCTC": "audio",
+    "ParakeetForCTC": "audio",
+    "WhisperForConditionalGeneration": "text+audio",
+    "Qwen2VLForConditionalGeneration": "text+image",
+    "LlavaForConditionalGeneration": "text+image",
+    "PatchTSTForPrediction": "time-series",
+}
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_tiny_model_builds_and_runs_eager_with_its_modality(name):
+    context = ClassContext(select(name)[0]).prepare()
+    assert context.ok, f"{context.stages[-1].name}: {context.stages[-1].message}"
+    assert context.input_set == KINDS[name]
+    assert context.inputs["A"] and context.inputs["B"]
+    assert sum(p.numel() for p in context.model.parameters()) < 5_000_000, "tiny"
+
+
+def test_a_vision_language_model_gets_one_placeholder_per_image_feature():
+    context = ClassContext(select("LlavaForConditionalGeneration")[0]).prepare()
+    ids = context.inputs["A"]["input_ids"]
+    placeholders = (ids == context.config.image_token_id).sum(dim=1)
+    assert placeholders.min() > 0 and placeholders.min() == placeholders.max()
+
+
+def test_sizes_shrink_and_agree_across_sub_configs():
+    config = tiny_config(select("LlavaForConditionalGeneration")[0])
+    assert config.text_config.hidden_size == config.vision_config.hidden_size == WIDTH
+    assert config.text_config.vocab_size == VOCAB
+    assert config.image_token_id < VOCAB, "placeholder ids move inside the new vocabulary"
+    deepseek = tiny_config(select("DeepseekV3ForCausalLM")[0])
+    assert deepseek.num_key_value_heads == deepseek.num_attention_heads, "multi-head attention stays multi-head"
+    gemma3n = tiny_config(select("LagunaForCausalLM")[0])
+    assert len(gemma3n.num_attention_heads_per_layer) == gemma3n.num_hidden_layers, "per-layer lists follow layers"
+
+
+def test_a_modality_input_the_model_ignores_fails_eager():
+    """Outputs that do not depend on the image are not a pass: the image branch must have run."""
+    import torch
+
+    from harness.cells import StageFailure
+
+    context = ClassContext(select("CLIPVisionModel")[0])
+    context._config()
+    context._build()
+    embeddings = context.model.embeddings
+    embeddings.forward = lambda pixel_values, **kwargs: torch.zeros(pixel_values.shape[0], 17, embeddings.embed_dim)
+    with pytest.raises(StageFailure, match="pixel_values did not change any output: the image branch did not run"):
+        context._eager()
