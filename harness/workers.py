@@ -41,6 +41,8 @@ def warm_imports(backends) -> None:
 
     import exporters.exporter_dynamo  # noqa: F401
 
+    from . import inputs, tiny  # noqa: F401  (children must not read harness code that changed mid-run)
+
     if "onnx" in backends:
         import onnx_ir  # noqa: F401
         import onnxruntime  # noqa: F401
