@@ -89,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     stale = commands.add_parser("stale", help="find registry entries that are no longer needed")
     add_selection_options(stale)
+    stale.set_defaults(models="all")
     stale.add_argument("--offline", action="store_true", help="skip the GitHub check")
     stale.add_argument("--json", type=Path, help="write the findings here as JSON")
     stale.add_argument("--fix", action="store_true", help="rewrite the registry without the entries that pass now")

@@ -28,14 +28,11 @@ class Plan:
     backends: tuple[str, ...]
     shapes: tuple[str, ...]
     done: set[str] = field(default_factory=set)  # cell ids already in the run folder (resume)
+    only: set[str] | None = None  # just these cell ids (the stale check re-runs the cells an entry governs)
 
     def cells(self, model: ModelClass) -> list[Cell]:
-        return [
-            Cell(model, backend, shape)
-            for backend in self.backends
-            for shape in self.shapes
-            if f"{model.name}-{backend}-{shape}" not in self.done
-        ]
+        cells = [Cell(model, backend, shape) for backend in self.backends for shape in self.shapes]
+        return [c for c in cells if c.id not in self.done and (self.only is None or c.id in self.only)]
 
     @property
     def total(self) -> int:
