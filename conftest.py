@@ -5,6 +5,7 @@ worker writing its records into one run folder. Without ``--sweep`` only the pro
 
 from __future__ import annotations
 
+import json
 import os
 from datetime import datetime
 from pathlib import Path
@@ -36,8 +37,13 @@ def _sweeping(config) -> bool:
 
 def pytest_ignore_collect(collection_path, config):
     # The sweep's test module only exists for --sweep / --stale; the unit tests only run without them.
-    inside = SWEEP_DIR in Path(collection_path).parents or Path(collection_path) == SWEEP_DIR
+    path = Path(collection_path)
+    inside = SWEEP_DIR in path.parents or path == SWEEP_DIR
     if inside:
+        if path.name == "test_sweep.py":
+            return None if config.getoption("--sweep") else True
+        if path.name == "test_stale.py":
+            return None if config.getoption("--stale") else True
         return None if _sweeping(config) else True
     if _sweeping(config) and Path(collection_path).is_file() and Path(collection_path).suffix == ".py":
         return True
@@ -85,6 +91,13 @@ def pytest_sessionfinish(session, exitstatus):
         from registry import Registry
 
         ResultCache(None, Registry.load(config.getoption("--registry"))).save_from(store)
+    findings = sorted((config.sweep_run_dir / "stale").glob("*.json"))
+    if findings:  # the stale items' findings, one file per entry, become the dashboard's stale.json
+        from datetime import datetime, timezone
+
+        entries = [json.loads(path.read_text()) for path in findings]
+        stale = {"checked_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "entries": entries}
+        (config.sweep_run_dir / "stale.json").write_text(json.dumps(stale, indent=1))
     from reports import write_report
 
     site = write_report(config.sweep_run_dir, baseline=config.getoption("--sweep-baseline"))

@@ -30,6 +30,13 @@ def _selection(config):
 
 
 def pytest_generate_tests(metafunc):
+    if "stale_entry" in metafunc.fixturenames and metafunc.config.getoption("--stale"):
+        from registry import Registry
+
+        entries = Registry.load(metafunc.config.getoption("--registry")).entries
+        ids = [f"{e.list}-{e.model}-{e.scope}" for e in entries]
+        metafunc.parametrize("stale_entry", [pytest.param(e, marks=pytest.mark.xdist_group(e.model)) for e in entries], ids=ids)
+        return
     if "sweep_cell" not in metafunc.fixturenames or not metafunc.config.getoption("--sweep"):
         return
     from harness.cells import Cell
@@ -66,20 +73,24 @@ class SweepSession:
         self.name = worker_id
         self.worker = None
 
-    def run(self, cell):
+    def run(self, cell, store=None, registry="default"):
+        """Run a cell (or read it back when resuming or cached). The stale check passes its own store and no
+        registry: it re-runs governed cells as if their entry were gone."""
         from harness.workers import ClassWorker
 
-        if cell.id in self.done:
-            return self.store.read(cell.id)
-        cached = self.cache.lookup(cell) if self.cache else None
+        store = store or self.store
+        registry = self.registry if registry == "default" else registry
+        if store is self.store and cell.id in self.done:
+            return store.read(cell.id)
+        cached = self.cache.lookup(cell) if self.cache and registry is self.registry else None
         if cached is not None:
-            self.store.write(cached)
+            store.write(cached)
             return cached
-        if self.worker is None or self.worker.model_class.name != cell.model.name:
+        if self.worker is None or (self.worker.model_class.name, self.worker.registry) != (cell.model.name, registry):
             self.close()
-            self.worker = ClassWorker(cell.model, self.options, self.registry, name=self.name)
+            self.worker = ClassWorker(cell.model, self.options, registry, name=self.name)
         record = self.worker.run(cell)
-        self.store.write(record)
+        store.write(record)
         return record
 
     def close(self):
