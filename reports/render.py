@@ -128,23 +128,31 @@ def junit_xml(view) -> str:
     ]
     for record in view.records:
         head = (
-            f"<testcase classname={quoteattr(record.model_class)} "
-            f"name={quoteattr(f'{record.backend}-{record.shape_mode}')} time=\"{record.seconds or 0:.2f}\""
+            f"<testcase classname={_attribute(record.model_class)} "
+            f"name={_attribute(f'{record.backend}-{record.shape_mode}')} time=\"{record.seconds or 0:.2f}\""
         )
         if record.status == "pass":
             lines.append(head + "/>")
             continue
-        message = quoteattr(f"{record.status} at {record.stage}: {(record.message or '').strip()[:500]}")
+        message = _attribute(f"{record.status} at {record.stage}: {(record.message or '').strip()[:500]}")
         kind = "skipped" if record.status in ("skip", "unavailable") else "failure"
         body = _xml_text(_clip(record.traceback or record.message or "", 20_000)) if kind == "failure" else ""
-        lines.append(f"{head}><{kind} message={message} type={quoteattr(record.error_type or record.status)}>{body}</{kind}></testcase>")
+        error_type = _attribute(record.error_type or record.status)
+        lines.append(f"{head}><{kind} message={message} type={error_type}>{body}</{kind}></testcase>")
     lines.append("</testsuite>")
     return "\n".join(lines) + "\n"
+
+
+def _xml_safe(text: str) -> str:
+    """Without the characters XML 1.0 cannot hold at all (NUL, most control characters)."""
+    return "".join(ch for ch in text if ch in "\t\n\r" or ord(ch) >= 0x20 and ord(ch) not in (0xFFFE, 0xFFFF))
 
 
 def _xml_text(text: str) -> str:
     from xml.sax.saxutils import escape
 
-    # characters XML 1.0 cannot hold at all
-    cleaned = "".join(ch for ch in text if ch in "\t\n\r" or ord(ch) >= 0x20 and ord(ch) not in (0xFFFE, 0xFFFF))
-    return escape(cleaned)
+    return escape(_xml_safe(text))
+
+
+def _attribute(text: str) -> str:
+    return quoteattr(_xml_safe(text))

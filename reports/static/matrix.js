@@ -55,4 +55,5 @@
   const params = new URLSearchParams(location.search);
   if (params.get("q")) field("f-text").value = params.get("q");
   apply();
+  window.exportSweepMatrix = { apply, rows: rows.length };  // lets the browser test time a filter pass
 })();

@@ -1,0 +1,140 @@
+"""The dashboard renders real and synthetic runs: every page, summary.md and junit.xml, escaped and complete."""
+
+import time
+import xml.etree.ElementTree as ElementTree
+
+import pytest
+
+from harness.records import CellRecord
+from harness.store import RunStore
+from reports import write_report
+
+from .conftest import synthetic_record, synthetic_run
+
+PAGES = ["index.html", "matrix.html", "failures.html", "parity.html", "registry.html", "history.html"]
+
+
+def test_a_real_run_renders_every_page(real_run):
+    site = write_report(real_run)
+    for page in PAGES:
+        assert (site / page).stat().st_size > 500, page
+    records = RunStore(real_run).records()
+    assert len(records) == 4
+    failing = [r for r in records if r.status != "pass"]
+    assert [r.cell_id for r in failing] == ["GPT2Model-onnx-static"]
+    assert failing[0].stage == "torch-export"
+    cell_page = (site / "cells" / "GPT2Model-onnx-static.html").read_text()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in cell_page and "<script>alert(1)" not in cell_page
+    assert "export-sweep run --models GPT2Model --backends onnx --shapes static --no-cache" in cell_page
+    assert "torch-export" in (site / "failures.html").read_text()
+    summary = (site / "summary.md").read_text()
+    assert "| onnx | static | 1 / 2 | 50.0 |" in summary and "| dynamo | static | 2 / 2 | 100.0 |" in summary
+
+
+def test_junit_has_one_testcase_per_cell(real_run):
+    site = write_report(real_run)
+    suite = ElementTree.parse(site / "junit.xml").getroot()
+    cases = suite.findall("testcase")
+    assert len(cases) == 4 and suite.get("failures") == "1"
+    failed = [case for case in cases if case.find("failure") is not None]
+    assert [(case.get("classname"), case.get("name")) for case in failed] == [("GPT2Model", "onnx-static")]
+
+
+def test_an_empty_run_renders(tmp_path):
+    RunStore(tmp_path).create({"models": "none"})
+    site = write_report(tmp_path)
+    assert "This run has no cells yet." in (site / "index.html").read_text()
+    assert "none" in (site / "summary.md").read_text()
+
+
+def test_an_all_failing_run_renders(tmp_path):
+    synthetic_run(tmp_path, 60, failing=1.0)
+    site = write_report(tmp_path)
+    overview = (site / "index.html").read_text()
+    assert "0.0%" in overview and "Largest failure buckets" in overview
+
+
+def test_hostile_text_and_huge_tracebacks_are_escaped_and_clipped(tmp_path):
+    store = RunStore(tmp_path)
+    store.create({})
+    nasty = "</pre><script>document.title='pwned'</script>\x00\x1b[31m ünïcödé ✓ & \"quotes\" {{ jinja }} ]]>"
+    huge = "Traceback:\n" + ("  File 'x.py', line 1, in f\n" * 40000) + nasty
+    store.write(synthetic_record("HostileModel", status="fail", stage="torch-export", message=nasty, traceback=huge))
+    site = write_report(tmp_path)
+    page = (site / "cells" / "HostileModel-onnx-static.html").read_text()
+    assert "<script>document.title" not in page and "&lt;script&gt;document.title" in page
+    assert "characters cut" in page and len(page) < 600_000
+    assert "{{ jinja }}" in page, "template syntax in data is shown, not evaluated"
+    ElementTree.parse(site / "junit.xml")  # control characters do not break the XML
+    for name in PAGES:
+        assert "<script>document.title" not in (site / name).read_text()
+
+
+def test_regressions_and_new_passes_against_a_baseline(tmp_path):
+    before, after = RunStore(tmp_path / "before"), RunStore(tmp_path / "after")
+    for store in (before, after):
+        store.create({})
+    before.write(synthetic_record("StableModel"))
+    after.write(synthetic_record("StableModel"))
+    before.write(synthetic_record("BrokenModel"))
+    after.write(synthetic_record("BrokenModel", status="fail", stage="onnx-translation", message="new bug"))
+    before.write(synthetic_record("FixedModel", status="fail", stage="eager", message="old bug"))
+    after.write(synthetic_record("FixedModel"))
+    site = write_report(tmp_path / "after", baseline=tmp_path / "before")
+    overview = (site / "index.html").read_text()
+    assert "Regressions (1)" in overview and "BrokenModel-onnx-static" in overview
+    assert "New passes (1)" in overview and "FixedModel-onnx-static" in overview
+    assert "- `BrokenModel-onnx-static`: pass at parity -> fail at onnx-translation" in (site / "summary.md").read_text()
+
+
+def test_history_charts_pass_rates_and_flips(tmp_path):
+    runs = tmp_path / "runs"
+    for day, status in enumerate(["pass", "fail", "pass"]):
+        store = RunStore(runs / f"day{day}")
+        store.create({})
+        metadata = store.metadata()
+        metadata["started_at"] = f"2026-11-0{day + 1}T00:00:00+00:00"
+        from harness.store import write_json_atomic
+
+        write_json_atomic(store.directory / "run.json", metadata)
+        store.write(synthetic_record("FlakyModel", status=status, stage="parity" if status == "pass" else "run",
+                                     message=None if status == "pass" else "boom"))  # fmt: skip
+    site = write_report(runs / "day2", history=runs)
+    page = (site / "history.html").read_text()
+    assert "Cells whose status changed (1)" in page and "FlakyModel-onnx-static" in page
+    assert page.count("<circle") == 3
+
+
+def test_two_thousand_cells_render(tmp_path):
+    synthetic_run(tmp_path, 2000)
+    start = time.perf_counter()
+    site = write_report(tmp_path)
+    seconds = time.perf_counter() - start
+    assert len(list((site / "cells").glob("*.html"))) == 2000
+    matrix = (site / "matrix.html").read_text()
+    assert matrix.count("<tr data-name=") == 334  # 6 cells per class
+    print(f"rendered 2,000 cells in {seconds:.2f} s")  # the benchmark (bench/report.py) is where speed is judged
+
+
+def test_not_a_run_folder(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a run folder"):
+        write_report(tmp_path / "missing")
+
+
+def test_registry_page_shows_entries_and_stale_verdicts(tmp_path):
+    import json
+
+    registry = tmp_path / "registry.toml"
+    registry.write_text('[[EXPORT_SKIPS]]\nmodel = "BertModel"\nscope = "onnx"\nreason = "because"\n'
+                        'url = "https://github.com/pytorch/pytorch/issues/5"\n')  # fmt: skip
+    store = RunStore(tmp_path / "run")
+    store.create({"registry": str(registry)})
+    record = synthetic_record("BertModel", status="skip", stage="eager")
+    record.registry = {"list": "EXPORT_SKIPS", "model": "BertModel", "scope": "onnx", "url": "x"}
+    store.write(record)
+    (tmp_path / "run" / "stale.json").write_text(json.dumps({"checked_at": "now", "entries": [
+        {"list": "EXPORT_SKIPS", "model": "BertModel", "scope": "onnx", "verdict": "passes now", "stale": True,
+         "evidence": ["passes now: BertModel-onnx-static"]}]}))  # fmt: skip
+    page = (write_report(tmp_path / "run") / "registry.html").read_text()
+    assert "because" in page and "pytorch/pytorch/issues/5" in page
+    assert "passes now" in page and "passes now: BertModel-onnx-static" in page
