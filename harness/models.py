@@ -47,6 +47,8 @@ class ModelClass:
         return getattr(transformers, self.name)
 
     def config_class(self):
+        """The config class the auto mappings pair with this class (the class' own ``config_class`` may differ:
+        a ``ForCausalLM`` of a multimodal model takes the text config)."""
         import importlib
 
         module, _, name = self.config.partition(":")

@@ -95,7 +95,7 @@ _RULES: list[tuple[re.Pattern, Any]] = [
      r"|num_decoder_layers|depth|num_blocks|\w+_layers|\w+_depth|num_hidden_blocks)$", _cap(LAYERS)),
     (r"^(num_key_value_heads|num_kv_heads|n_kv_heads|multi_query_group_num|\w+_kv_heads)$", _cap(KV_HEADS)),
     (r"^(num_attention_heads|n_heads?|num_heads|encoder_attention_heads|decoder_attention_heads|attention_heads"
-     r"|\w+_attention_heads|\w+_num_heads|num_\w+_heads)$", _heads),
+     r"|\w+_attention_heads|\w+_num_heads|\w+_n_heads|num_\w+_heads)$", _heads),
     (r"^(qk_rope_head_dim|qk_nope_head_dim|v_head_dim|head_dim|d_kv|kv_channels|dim_head|attention_head_dim"
      r"|\w+_head_dim|head_size)$", _cap(HEAD_DIM)),
     (r"^(kv_lora_rank|q_lora_rank|\w+_lora_rank)$", _cap(16)),
@@ -106,6 +106,9 @@ _RULES: list[tuple[re.Pattern, Any]] = [
     (r"^(n_shared_experts|num_shared_experts|moe_num_shared_experts)$", _cap(1)),
     (r"^(n_group|topk_group)$", _cap(1)),
     (r"^num_groups$", _cap(4)),  # group norms: must divide channels as small as 8
+    (r"^(\w+_)?n_groups$", _cap(1)),  # state-space groups must divide the (fewer) heads
+    (r"^(\w+_)?layer_offset$", _cap(1)),  # hybrids: the first attention / expert layer must exist
+    (r"^(\w+_)?layer_period$", _cap(2)),
     (r"(^|_)vocab_size$", _big_only(VOCAB, 17)),
     (r"^(max_position_embeddings|n_positions|max_source_positions|max_target_positions|max_seq_len"
      r"|max_sequence_length|n_ctx|max_length|\w+_max_position_embeddings)$", _big_only(POSITIONS, POSITIONS)),
@@ -119,7 +122,7 @@ _RULES: list[tuple[re.Pattern, Any]] = [
     # every other width: hidden sizes, embeddings, projections, per-stage channel lists
     (r"(hidden_size|d_model|n_embd|embed_dim|hidden_dim|embedding_size|embedding_dim|projection_dim|proj_dim"
      r"|projection_size|proj_size|projector_dim|d_embed|model_dim|_width$|^width$|widths|^dim$|^dims$|output_dim"
-     r"|channels$|_channels|num_filters|latent_dim|codebook_dim|conv_dim|tdnn_dim|hidden_sizes|embed_dims"
+     r"|channels$|_channels|num_filters|latent_dim|codebook_dim|conv_dim|tdnn_dim|hidden_sizes|embed_dims|_in_dim$|_out_dim$"
      r"|embedding_dims)", _cap(WIDTH)),
 ]
 _RULES = [(re.compile(pattern), rule) for pattern, rule in _RULES]
@@ -226,6 +229,8 @@ def shrink(config) -> dict:
             values[name] = _shrink_value(name, value)
     if "vocab_size" in values and values["vocab_size"] is None:
         values["vocab_size"] = VOCAB  # heads like CTC need one
+    if "attn_layer_indices" in values and values["attn_layer_indices"] is None:
+        values["attn_layer_indices"] = [LAYERS - 1]  # hybrids: keep one attention layer among the few left
     if "pad_token_id" in values and values["pad_token_id"] is None and _int(values.get("vocab_size")):
         values["pad_token_id"] = 0  # sequence classification finds the last token through it; inputs never hold 0
     _restore_invariants(config, values, original_layers)
@@ -254,9 +259,11 @@ def _restore_invariants(config, values: dict, original_layers: int | None) -> No
             while heads % kv:
                 kv -= 1
             values[key] = kv
-    # A separate head_dim kept from the defaults would not match the new width.
-    if _int(values.get("head_dim")) and width_keys and heads:
+    # A separate head_dim kept from the defaults would not match the new width; an unset one is spelled out,
+    # since some models read it without a fallback.
+    if "head_dim" in values and (values["head_dim"] is None or _int(values["head_dim"])) and width_keys and heads:
         values["head_dim"] = values[width_keys[0]] // heads
+    _fit_state_space_heads(values, width_keys)
     # Rotary sizes live inside the head.
     head_dim = values.get("head_dim") if _int(values.get("head_dim")) else None
     head_dim = head_dim or (values[width_keys[0]] // heads if width_keys and heads else None)
@@ -279,10 +286,12 @@ def _restore_invariants(config, values: dict, original_layers: int | None) -> No
     # its own layer (models select hidden states by membership, so two indices must not collapse into one).
     layers = _layers_of(values)
     index_lists = [k for k, v in values.items() if _LAYER_INDEX_LIST.search(k) and _int_list(v)]
-    if original_layers and layers and index_lists:
-        needed = min(MAX_LAYERS, max(len(set(values[k])) for k in index_lists))
-        if needed > layers:
-            layers = _set_layers(values, needed)
+    kinds_lists = [v for v in values.values() if isinstance(v, (list, tuple)) and len(v) == original_layers
+                   and original_layers >= 4 and not _int_list(v)]  # fmt: skip
+    if original_layers and layers and (index_lists or kinds_lists):
+        needed = max([len(set(values[k])) for k in index_lists] + [len(set(map(str, v))) for v in kinds_lists])
+        if min(MAX_LAYERS, needed) > layers:  # room for every selected layer, and for every kind of layer
+            layers = _set_layers(values, min(MAX_LAYERS, needed))
     if original_layers and layers and layers != original_layers:
         for key, value in list(values.items()):
             if isinstance(value, (list, tuple)) and len(value) == original_layers and original_layers >= 4:
@@ -290,6 +299,19 @@ def _restore_invariants(config, values: dict, original_layers: int | None) -> No
             elif _LAYER_INDEX_LIST.search(key) and _int_list(value) and max(value) < original_layers + 1:
                 values[key] = _fit_layer_indices(list(value), original_layers, layers)
     _fit_token_ids(values)
+
+
+def _fit_state_space_heads(values: dict, width_keys: list[str]) -> None:
+    """Mamba-2 style mixers split ``expand * hidden_size`` into ``heads * head_dim`` exactly."""
+    if not width_keys:
+        return
+    width = values[width_keys[0]]
+    for prefix in ("", "mamba_", "ssm_"):
+        expand = values.get(f"{prefix}expand")
+        heads_key = next((k for k in (f"{prefix}n_heads", f"{prefix}num_heads") if _int(values.get(k))), None)
+        dim_key = next((k for k in (f"{prefix}d_head", f"{prefix}head_dim") if k in values), None)
+        if _int(expand) and heads_key and dim_key and (expand * width) % values[heads_key] == 0:
+            values[dim_key] = expand * width // values[heads_key]
 
 
 def _fit_token_ids(values: dict) -> None:
@@ -357,7 +379,7 @@ def _apply_overrides(values: dict, overrides: dict) -> None:
 def tiny_config(model_class):
     """The tiny config of a ``ModelClass``: its config class' defaults, shrunk, then its model type's
     ``TINY_OVERRIDES`` row."""
-    config_class = model_class.config_class()
+    config_class = getattr(model_class.load(), "config_class", None) or model_class.config_class()
     values = shrink(config_class())
     _apply_overrides(values, TINY_OVERRIDES.get(model_class.model_type, {}))
     return config_class(**values)
