@@ -31,6 +31,7 @@ EXPERTS = 4
 EXPERTS_PER_TOKEN = 2
 WINDOW = 4
 
+_PLACEHOLDER = re.compile(r"^(image|video|audio)_token_(id|index)$")
 _TOKEN_ID = re.compile(r"(^|_)(token_id|token_index|token_ids|start_token_id|id)$|_token_(id|index)$")
 
 
@@ -227,6 +228,8 @@ def shrink(config) -> dict:
             values[name] = _BACKBONE_FIELDS[name]  # timm and hub weights are not here: the built-in backbone is
         else:
             values[name] = _shrink_value(name, value)
+    if vars(config).get("_out_indices") is not None:  # backbones keep it behind a property
+        values["out_indices"] = list(vars(config)["_out_indices"])
     if "vocab_size" in values and values["vocab_size"] is None:
         values["vocab_size"] = VOCAB  # heads like CTC need one
     if "attn_layer_indices" in values and values["attn_layer_indices"] is None:
@@ -298,6 +301,10 @@ def _restore_invariants(config, values: dict, original_layers: int | None) -> No
                 values[key] = _fit_per_layer_list(list(value), layers)
             elif _LAYER_INDEX_LIST.search(key) and _int_list(value) and max(value) < original_layers + 1:
                 values[key] = _fit_layer_indices(list(value), original_layers, layers)
+    # Backbones derive their stage names and output features from the layer count and out_indices.
+    if _int_list(values.get("out_indices")):
+        values.pop("stage_names", None)
+        values.pop("out_features", None)
     _fit_token_ids(values)
 
 
@@ -326,9 +333,14 @@ def _fit_token_ids(values: dict) -> None:
     if not isinstance(vocab, int) or vocab < SPECIAL_FLOOR:
         return
     taken = set().union(*(special_token_ids(v) for v in values.values() if _is_config(v)))
+    taken |= {v for k, v in values.items() if _TOKEN_ID.search(k) and _int(v)}
     for key in sorted(values):
         value = values[key]
         if not _TOKEN_ID.search(key):
+            continue
+        if value is None and _PLACEHOLDER.match(key):  # placeholders the model looks for must exist
+            value = values[key] = vocab
+        if value is None:
             continue
         if isinstance(value, int) and not isinstance(value, bool):
             if value >= vocab:
