@@ -14,8 +14,8 @@ from typing import Any, Callable
 
 import torch
 
-from .tables import FEATURE_EXTRACTOR_OVERRIDES
-from .tiny import IMAGE, SPECIAL_FLOOR, special_token_ids, text_vocab
+from .tables import FEATURE_EXTRACTOR_OVERRIDES, PIXEL_LAYOUTS
+from .tiny import IMAGE, PATCH, SPECIAL_FLOOR, special_token_ids, text_vocab
 
 # The two input sets: "A" is exported with, "B" (another batch and length) runs dynamic exports.
 INPUT_SIZES = {"A": (2, 7), "B": (3, 5)}
@@ -83,13 +83,34 @@ def _image_shape(context: Context) -> tuple[int, int, int]:
 
 
 def _pixel_values(context: Context) -> torch.Tensor:
+    """Images in the layout the model reads: (batch, C, H, W) mostly; a list of images per sample (batch, 1, C, H,
+    W) for models with an image mask; flattened patches (batch, patches, C*P*P) for patch-native encoders."""
     name = type(context.model).__name__
+    layout = PIXEL_LAYOUTS.get(context.config.model_type)
+    if layout == "patches" or "spatial_shapes" in context.parameters:
+        return _patch_pixels(context)
+    if layout == "images" or {"pixel_attention_mask", "image_attention_mask"} & set(context.parameters):
+        pixels = context.randn(context.batch, 1, *_image_shape(context))
+        if "pixel_attention_mask" in context.parameters:
+            context.inputs_so_far["pixel_attention_mask"] = torch.ones(context.batch, 1, *pixels.shape[-2:], dtype=torch.bool)
+        return pixels
     frames = getattr(context.sub("vision_config"), "num_frames", None) or getattr(context.config, "num_frames", None)
     if "KeypointMatching" in name:  # an image pair
         return context.randn(context.batch, 2, *_image_shape(context))
     if frames and ("video" in context.label_hint or _int_attr(context.config, "tubelet_size") or "Video" in name or "Vivit" in name or "Timesformer" in name):
         return context.randn(context.batch, frames, *_image_shape(context))
     return context.randn(context.batch, *_image_shape(context))
+
+
+def _patch_pixels(context: Context) -> torch.Tensor:
+    vision = context.sub("vision_config")
+    patch = getattr(vision, "patch_size", PATCH)
+    channels, height, width = _image_shape(context)
+    rows, columns = max(1, height // patch), max(1, width // patch)
+    if "spatial_shapes" in context.parameters:
+        context.inputs_so_far["spatial_shapes"] = torch.tensor([[rows, columns]] * context.batch)
+        context.inputs_so_far["pixel_attention_mask"] = torch.ones(context.batch, rows * columns, dtype=torch.long)
+    return context.randn(context.batch, rows * columns, channels * patch * patch)
 
 
 def _int_attr(config, name):
@@ -201,6 +222,8 @@ def _past_values(context: Context) -> torch.Tensor:
 
 _RULES: dict[str, Callable[[Context], Any]] = {
     "noise": _noise,
+    "image_attention_mask": lambda context: torch.ones(*context.inputs_so_far["input_ids"].shape[:2], 1, dtype=torch.long)
+    if "input_ids" in context.inputs_so_far else None,
     "lang_ids": lambda context: torch.zeros(context.batch, dtype=torch.long),
     "qformer_input_ids": lambda context: context.tokens(),
     "visual_feats": lambda context: context.randn(context.batch, 4, context.get("visual_feat_dim", 32)),
@@ -218,7 +241,7 @@ _RULES: dict[str, Callable[[Context], Any]] = {
 
 # Filled whenever the forward takes them, required or not: callers pass them, and they switch on code paths.
 _ALWAYS = ("attention_mask", "token_type_ids", "decoder_input_ids", "pixel_values", "bbox", "noise", "lang_ids",
-           "visual_feats", "visual_pos")
+           "visual_feats", "visual_pos", "image_attention_mask")
 
 
 def _parameters(model) -> dict[str, inspect.Parameter]:
@@ -264,7 +287,8 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
             if name in inputs:
                 inputs[name] = inputs[name].unsqueeze(1).expand(-1, NUM_CHOICES, -1).contiguous()
     modalities = [MODALITY_INPUTS[name] for name in inputs if name in MODALITY_INPUTS]
-    if "pixel_values" in inputs and inputs["pixel_values"].dim() == 5 and "KeypointMatching" not in type(model).__name__:
+    pixels = inputs.get("pixel_values")
+    if pixels is not None and pixels.dim() == 5 and pixels.shape[1] > 1 and "KeypointMatching" not in type(model).__name__:
         modalities = ["video" if m == "image" else m for m in modalities]
     if "input_ids" in inputs or "decoder_input_ids" in inputs:
         modalities.insert(0, "text")
@@ -302,9 +326,11 @@ def _image_feature_count(model, image_inputs: dict) -> int:
     owner = model if hasattr(model, "get_image_features") else getattr(model, "model", model)
     with torch.no_grad():
         features = owner.get_image_features(**image_inputs)
-    if not isinstance(features, torch.Tensor):
+    if not isinstance(features, (torch.Tensor, tuple, list)):  # a model output: the pooled features, else the states
         pooled = getattr(features, "pooler_output", None)
-        features = pooled if pooled is not None else features[0] if isinstance(features, (tuple, list)) else features
+        features = pooled if pooled is not None else features.last_hidden_state
+    elif isinstance(features, tuple) and len(features) and isinstance(features[0], torch.Tensor) and features[0].dim() == 3:
+        features = features[0]
     if isinstance(features, (tuple, list)):
         return sum(feature.shape[:-1].numel() for feature in features)
     return features.shape[:-1].numel()
@@ -314,7 +340,9 @@ def _place_image_tokens(context: Context, inputs: dict) -> None:
     """Put one placeholder per image feature at the start of every sample's text."""
     if "image_grid_thw" in context.parameters:
         inputs.update(_grid_pixel_values(context))
-    image_inputs = {name: inputs[name] for name in ("pixel_values", "image_grid_thw") if name in inputs}
+    owner = context.model if hasattr(context.model, "get_image_features") else getattr(context.model, "model", context.model)
+    accepted = inspect.signature(owner.get_image_features).parameters
+    image_inputs = {name: value for name, value in inputs.items() if name in accepted and name != "input_ids"}
     per_sample = _image_feature_count(context.model, image_inputs) // context.batch
     placeholders = torch.full((context.batch, per_sample), _image_token(context.config), dtype=torch.long)
     inputs["input_ids"] = torch.cat([placeholders, inputs["input_ids"]], dim=1)

@@ -62,6 +62,12 @@ FEATURE_EXTRACTOR_OVERRIDES: dict[str, str] = {
     "wav2vec2-bert": "SeamlessM4TFeatureExtractor",  # mapped to Wav2Vec2's raw-audio extractor; takes stacked mels
 }
 
+# model type -> how it takes pixels, where its forward signature does not say: "patches" (flattened patches,
+# batch x patches x C*P*P) or "images" (a list of images per sample, batch x 1 x C x H x W).
+PIXEL_LAYOUTS: dict[str, str] = {
+    "fuyu": "patches",  # a linear layer over raw patches instead of a vision tower
+}
+
 # model class -> {"atol": ..., "rtol": ..., "backends": [...], "reason": ...}: a tolerance wider than the default,
 # shown on the dashboard next to every cell it applies to.
 TOLERANCE_OVERRIDES: dict[str, dict] = {}
