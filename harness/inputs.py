@@ -85,6 +85,8 @@ def _image_shape(context: Context) -> tuple[int, int, int]:
 def _pixel_values(context: Context) -> torch.Tensor:
     """Images in the layout the model reads: (batch, C, H, W) mostly; a list of images per sample (batch, 1, C, H,
     W) for models with an image mask; flattened patches (batch, patches, C*P*P) for patch-native encoders."""
+    if "vision_config" in vars(context.config) and context.config.vision_config is None:
+        return None  # a multimodal class configured text-only by default
     name = type(context.model).__name__
     layout = PIXEL_LAYOUTS.get(context.config.model_type)
     if layout == "patches" or "spatial_shapes" in context.parameters:

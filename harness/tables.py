@@ -55,6 +55,10 @@ TINY_OVERRIDES: dict[str, dict] = {
     "gemma4_assistant": {"hidden_size_per_layer_input": 0},
     # image_size / num_windows must be divisible by sqrt(num_windows)
     "lw_detr_vit": {"num_windows": 4},
+    # no layer_types and no full_attn_idxs by default: the model cannot tell its layers apart
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
+    # each stage indexes its own drop-path list by stage number: the last stage needs 3 blocks
+    "cvt": {"depth": [1, 2, 3]},
 }
 
 # model type -> feature extractor class, where the auto mapping names one that does not make this model's inputs.

@@ -94,7 +94,8 @@ _RULES: list[tuple[re.Pattern, Any]] = [
     (r"^(first_k_dense_replace|num_dense_layers|insert_layer_id|max_window_layers)$", _cap(1)),
     (r"^(num_hidden_layers|num_layers|n_layers?|encoder_layers|decoder_layers|num_encoder_layers"
      r"|num_decoder_layers|depth|num_blocks|\w+_layers|\w+_depth|num_hidden_blocks)$", _cap(LAYERS)),
-    (r"^(num_key_value_heads|num_kv_heads|n_kv_heads|multi_query_group_num|\w+_kv_heads)$", _cap(KV_HEADS)),
+    (r"^(num_key_value_heads|num_kv_heads|n_kv_heads|multi_query_group_num|\w+_kv_heads|\w+_key_value_heads)$",
+     _cap(KV_HEADS)),
     (r"^(num_attention_heads|n_heads?|num_heads|encoder_attention_heads|decoder_attention_heads|attention_heads"
      r"|\w+_attention_heads|\w+_num_heads|\w+_n_heads|num_\w+_heads)$", _heads),
     (r"^(qk_rope_head_dim|qk_nope_head_dim|v_head_dim|head_dim|d_kv|kv_channels|dim_head|attention_head_dim"
@@ -105,6 +106,7 @@ _RULES: list[tuple[re.Pattern, Any]] = [
     (r"^(num_experts_per_tok|moe_topk|top_k|num_selected_experts|moe_k|router_topk|num_experts_per_token)$",
      _cap(EXPERTS_PER_TOKEN)),
     (r"^(n_shared_experts|num_shared_experts|moe_num_shared_experts)$", _cap(1)),
+    (r"^(num_queries|num_denoising)$", _cap(8)),  # detectors pick their queries by top-k over a few feature cells
     (r"^(n_group|topk_group)$", _cap(1)),
     (r"^num_groups$", _cap(4)),  # group norms: must divide channels as small as 8
     (r"^(\w+_)?n_groups$", _cap(1)),  # state-space groups must divide the (fewer) heads
@@ -253,15 +255,25 @@ def _restore_invariants(config, values: dict, original_layers: int | None) -> No
             values[head_key] = heads
     heads = next((values[k] for k in head_keys), None)
     original = vars(config)
-    for key in ("num_key_value_heads", "num_kv_heads", "n_kv_heads"):
-        if _int(values.get(key)) and heads:
-            if any(original.get(key) == original.get(k) for k in head_keys):
-                values[key] = heads  # multi-head attention stays multi-head (MLA expands keys to every head)
-                continue
-            kv = min(values[key], heads)
-            while heads % kv:
+    # key/value heads divide their query heads, per attention kind ("swa_num_key_value_heads" goes with
+    # "swa_num_attention_heads"); multi-head attention stays multi-head (MLA expands keys to every head)
+    for key in [k for k in values if re.fullmatch(r"(\w+_)?(num_key_value_heads|num_kv_heads|n_kv_heads)", k)]:
+        prefix = key[: key.index("n")] if not key.startswith("n") else ""
+        query_key = next((k for k in (f"{prefix}num_attention_heads", f"{prefix}num_heads") if _int(values.get(k))), None)
+        query_heads = values[query_key] if query_key else heads
+        if not query_heads:
+            continue
+        if values[key] is None or original.get(key) == original.get(query_key or head_keys[0] if head_keys else key):
+            values[key] = query_heads
+            continue
+        if _int(values[key]):
+            kv = min(values[key], query_heads)
+            while query_heads % kv:
                 kv -= 1
             values[key] = kv
+    # multi-head latent attention: the query/key head is the no-rope part plus the rope part
+    if _int(values.get("qk_head_dim")) and _int(values.get("qk_nope_head_dim")) and _int(values.get("qk_rope_head_dim")):
+        values["qk_head_dim"] = values["qk_nope_head_dim"] + values["qk_rope_head_dim"]
     # A separate head_dim kept from the defaults would not match the new width; an unset one is spelled out,
     # since some models read it without a fallback.
     if "head_dim" in values and (values["head_dim"] is None or _int(values["head_dim"])) and width_keys and heads:
@@ -359,7 +371,8 @@ def _fit_rope_sections(config_class, values: dict, head_dim: int) -> None:
     rope = values.get("rope_parameters")
     if not isinstance(rope, dict):
         return
-    if "mrope_section" in getattr(config_class, "ignore_keys_at_rope_validation", ()) and "mrope_section" not in rope:
+    expects_sections = "mrope_section" in getattr(config_class, "ignore_keys_at_rope_validation", ())
+    if expects_sections and "rope_type" in rope and "mrope_section" not in rope:
         rope = values["rope_parameters"] = {**rope, "mrope_section": list(_DEFAULT_MROPE_SECTION)}
     for key in ("mrope_section", "mrope_sections"):
         sections = rope.get(key)
