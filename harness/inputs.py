@@ -180,6 +180,14 @@ def _noise(context: Context) -> torch.Tensor:
     return torch.rand(context.batch, (height // patch) * (width // patch), generator=context.generator)
 
 
+def _input_ids(context: Context) -> torch.Tensor:
+    codebooks = getattr(context.config, "num_codebooks", None)
+    if isinstance(codebooks, int) and codebooks > 1 and "decoder_input_ids" not in context.parameters:
+        # audio-code decoders (MusicGen) take one row per codebook: (batch * codebooks, length)
+        return context.tokens(batch=context.batch * codebooks)
+    return context.tokens()
+
+
 def _attention_mask(context: Context) -> torch.Tensor | None:
     """All ones, shaped like the input it masks: token ids or raw audio; other inputs get none."""
     inputs = context.inputs_so_far
@@ -230,7 +238,7 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     "qformer_input_ids": lambda context: context.tokens(),
     "visual_feats": lambda context: context.randn(context.batch, 4, context.get("visual_feat_dim", 32)),
     "visual_pos": lambda context: torch.rand(context.batch, 4, context.get("visual_pos_dim", 4), generator=context.generator),
-    "input_ids": lambda context: context.tokens(),
+    "input_ids": _input_ids,
     "attention_mask": _attention_mask,
     "token_type_ids": _token_type_ids,
     "decoder_input_ids": _decoder_input_ids,

@@ -98,7 +98,7 @@ _RULES: list[tuple[re.Pattern, Any]] = [
      _cap(KV_HEADS)),
     (r"^(num_attention_heads|n_heads?|num_heads|encoder_attention_heads|decoder_attention_heads|attention_heads"
      r"|\w+_attention_heads|\w+_num_heads|\w+_n_heads|num_\w+_heads)$", _heads),
-    (r"^(qk_rope_head_dim|qk_nope_head_dim|v_head_dim|head_dim|d_kv|kv_channels|dim_head|attention_head_dim"
+    (r"^(qk_rope_head_dim|qk_nope_head_dim|v_head_dim|head_dim|d_head|d_kv|kv_channels|dim_head|attention_head_dim"
      r"|\w+_head_dim|head_size)$", _cap(HEAD_DIM)),
     (r"^(kv_lora_rank|q_lora_rank|\w+_lora_rank)$", _cap(16)),
     (r"^(num_experts|num_local_experts|n_routed_experts|moe_num_experts|num_experts_per_layer|n_experts)$",
@@ -234,6 +234,11 @@ def shrink(config) -> dict:
         values["out_indices"] = list(vars(config)["_out_indices"])
     if "vocab_size" in values and values["vocab_size"] is None:
         values["vocab_size"] = VOCAB  # heads like CTC need one
+    # Mixture-of-experts sizes some defaults leave unset although the model reads them.
+    if values.get("num_experts_per_tok", 0) is None and any(_int(values.get(k)) for k in ("n_routed_experts", "num_experts")):
+        values["num_experts_per_tok"] = EXPERTS_PER_TOKEN
+    if "moe_intermediate_size" in values and values["moe_intermediate_size"] is None:
+        values["moe_intermediate_size"] = FFN
     if "attn_layer_indices" in values and values["attn_layer_indices"] is None:
         values["attn_layer_indices"] = [LAYERS - 1]  # hybrids: keep one attention layer among the few left
     if "pad_token_id" in values and values["pad_token_id"] is None and _int(values.get("vocab_size")):
@@ -329,8 +334,13 @@ def _fit_state_space_heads(values: dict, width_keys: list[str]) -> None:
         expand = values.get(f"{prefix}expand")
         heads_key = next((k for k in (f"{prefix}n_heads", f"{prefix}num_heads") if _int(values.get(k))), None)
         dim_key = next((k for k in (f"{prefix}d_head", f"{prefix}head_dim") if k in values), None)
-        if _int(expand) and heads_key and dim_key and (expand * width) % values[heads_key] == 0:
-            values[dim_key] = expand * width // values[heads_key]
+        inner = values.get(f"{prefix}d_ssm")  # an explicit inner size replaces expand * hidden_size
+        if _int(inner):
+            inner = values[f"{prefix}d_ssm"] = min(inner, expand * width if _int(expand) else WIDTH)
+        elif _int(expand):
+            inner = expand * width
+        if _int(inner) and heads_key and dim_key and inner % values[heads_key] == 0:
+            values[dim_key] = inner // values[heads_key]
 
 
 def _fit_token_ids(values: dict) -> None:
