@@ -123,6 +123,7 @@ class ClassContext:
         torch.manual_seed(self.seed)
         model_class = self.model_class.load()
         self.model = model_class(self.config).eval()
+        _wake_zero_weights(self.model)
 
     def _eager(self):
         import torch
@@ -164,6 +165,20 @@ class ClassContext:
         torch.manual_seed(self.seed if seed is None else seed)
         with torch.no_grad():
             return {name: value.detach().clone() for name, value in exporters.named_leaves(self.model(**inputs)).items()}
+
+
+def _wake_zero_weights(model) -> None:
+    """Give small random values to weights a fresh model starts at zero (projections, tanh gates, layer scales).
+
+    Trained checkpoints have them non-zero; at zero a whole branch (Gemma 3's image projection, Mllama's
+    cross-attention gates) contributes nothing, and neither parity nor the modality check can see it run.
+    """
+    import torch
+
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.is_floating_point() and not name.endswith("bias") and not parameter.any():
+                parameter.normal_(0.0, 0.02)
 
 
 def _same(a, b) -> bool:

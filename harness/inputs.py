@@ -211,7 +211,11 @@ def _decoder_input_ids(context: Context) -> torch.Tensor | None:
 
 def _token_type_ids(context: Context) -> torch.Tensor:
     ids = context.inputs_so_far.get("input_ids")
-    return torch.zeros_like(ids) if ids is not None else torch.zeros(context.batch, context.length, dtype=torch.long)
+    shape = ids.shape if ids is not None else (context.batch, context.length)
+    kinds = getattr(context.config, "type_vocab_sizes", None)
+    if isinstance(kinds, (list, tuple)):  # table models (TAPAS): one type id per kind of position
+        return torch.zeros(*shape, len(kinds), dtype=torch.long)
+    return torch.zeros(shape, dtype=torch.long)
 
 
 def _bbox(context: Context) -> torch.Tensor:
@@ -287,7 +291,8 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
         value = rule(context)
         if value is not None:
             inputs[name] = value
-    if "pixel_values" in inputs and "input_ids" in inputs and _image_token(model.config) is not None:
+    takes_features = hasattr(model, "get_image_features") or hasattr(getattr(model, "model", None), "get_image_features")
+    if "pixel_values" in inputs and "input_ids" in inputs and _image_token(model.config) is not None and takes_features:
         _place_image_tokens(context, inputs)
     eos = getattr(model.config, "eos_token_id", None)
     if type(model).__name__.endswith("ForSequenceClassification") and isinstance(eos, int) and "input_ids" in inputs:

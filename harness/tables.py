@@ -59,6 +59,16 @@ TINY_OVERRIDES: dict[str, dict] = {
     "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
     # each stage indexes its own drop-path list by stage number: the last stage needs 3 blocks
     "cvt": {"depth": [1, 2, 3]},
+    # the spatial embedding is 4 coordinate + 2 shape embeddings, which must add up to the hidden size
+    "layoutlmv2": {"coordinate_size": 4, "shape_size": 8},
+    "layoutlmv3": {"coordinate_size": 4, "shape_size": 8, "input_size": 32},
+    # a shared transformer block every other layer: two of them are needed for its tied weights
+    "zamba": {"num_hidden_layers": 4},
+    # output stride 32: a 32-pixel image leaves nothing for the transformer blocks to mix
+    "mobilevit": {"image_size": 64},
+    "mobilevitv2": {"image_size": 64},
+    # attention biases are sized from image_size / 16 and the 16-pixel patch embedding
+    "levit": {"patch_size": 16, "image_size": 64},
 }
 
 # model type -> feature extractor class, where the auto mapping names one that does not make this model's inputs.

@@ -89,8 +89,12 @@ def _image(value):
 
 # (attribute-name pattern, rule(value) -> new value), first match wins; None keeps the value.
 _RULES: list[tuple[re.Pattern, Any]] = [
-    (r"^(num_feat_extract_layers|num_conv_pos_embedding_groups|num_conv_pos_embeddings|num_channels|in_channels"
-     r"|input_channels|audio_channels|image_channels|num_mel_bins|feature_size|sampling_rate)$", None),
+    (r"^(num_feat_extract_layers|num_conv_pos_embedding_groups|num_conv_pos_embeddings|num_mel_bins|feature_size"
+     r"|sampling_rate)$", None),
+    # input channels (3 for an image) stay; per-block channel lists shrink with their output lists
+    (r"^(num_channels|in_channels|input_channels|audio_channels|image_channels)$",
+     lambda v: _cap(WIDTH)(v) if _int_list(v) else v),
+    (r"^mm_tokens_per_image$", _cap(4)),  # pooled from the 16 patches of a tiny image
     (r"^(first_k_dense_replace|num_dense_layers|insert_layer_id|max_window_layers)$", _cap(1)),
     (r"^(num_hidden_layers|num_layers|n_layers?|encoder_layers|decoder_layers|num_encoder_layers"
      r"|num_decoder_layers|depth|num_blocks|\w+_layers|\w+_depth|num_hidden_blocks)$", _cap(LAYERS)),
@@ -211,8 +215,9 @@ def _without_timm(config):
     return ResNetConfig(num_channels=getattr(config, "num_channels", 3), out_indices=out_indices)
 
 
-def shrink(config) -> dict:
-    """The keyword arguments that build a tiny version of ``config`` (its class' fields only)."""
+def shrink(config, overrides: dict | None = None) -> dict:
+    """The keyword arguments that build a tiny version of ``config`` (its class' fields only); ``overrides``
+    (dotted keys reach into sub-configs) are applied before the invariants are restored."""
     fields = _init_fields(type(config))
     current = _own_values(config, fields)
     original_layers = _layers_of(current)
@@ -243,6 +248,7 @@ def shrink(config) -> dict:
         values["attn_layer_indices"] = [LAYERS - 1]  # hybrids: keep one attention layer among the few left
     if "pad_token_id" in values and values["pad_token_id"] is None and _int(values.get("vocab_size")):
         values["pad_token_id"] = 0  # sequence classification finds the last token through it; inputs never hold 0
+    _apply_overrides(values, overrides or {})
     _restore_invariants(config, values, original_layers)
     return values
 
@@ -415,9 +421,7 @@ def tiny_config(model_class):
     """The tiny config of a ``ModelClass``: its config class' defaults, shrunk, then its model type's
     ``TINY_OVERRIDES`` row."""
     config_class = getattr(model_class.load(), "config_class", None) or model_class.config_class()
-    values = shrink(config_class())
-    _apply_overrides(values, TINY_OVERRIDES.get(model_class.model_type, {}))
-    return config_class(**values)
+    return config_class(**shrink(config_class(), TINY_OVERRIDES.get(model_class.model_type)))
 
 
 def special_token_ids(config) -> set[int]:
