@@ -28,6 +28,7 @@ MODALITY_INPUTS = {
     "input_values": "audio",
     "flattened_patches": "image",
     "past_values": "time-series",
+    "inputs": "audio",
 }
 
 
@@ -168,7 +169,7 @@ def _input_values(context: Context) -> torch.Tensor:
     config = context.config
     if getattr(config, "num_mel_bins", None) and getattr(config, "max_length", None):  # a spectrogram (AST)
         return context.randn(context.batch, config.max_length, config.num_mel_bins)
-    return context.randn(context.batch, AUDIO_SAMPLES[context.label]) * 0.1
+    return _raw_audio(context)
 
 
 def _noise(context: Context) -> torch.Tensor:
@@ -234,7 +235,68 @@ def _past_values(context: Context) -> torch.Tensor:
     return context.randn(*shape)
 
 
+def _image_sizes(context: Context) -> torch.Tensor:
+    _channels, height, width = _image_shape(context)
+    return torch.tensor([[height, width]] * context.batch)
+
+
+def _grid_thw(context: Context) -> torch.Tensor:
+    """A vision tower of a Qwen-style model called on its own: the patch grid of the flattened patches."""
+    if "image_grid_thw" in context.inputs_so_far:
+        return context.inputs_so_far["image_grid_thw"]
+    grid = _grid_pixel_values(context)
+    context.inputs_so_far["pixel_values"] = grid["pixel_values"]
+    return grid["image_grid_thw"]
+
+
+def _hidden_states(context: Context) -> torch.Tensor:
+    width = context.get("hidden_size", 32)
+    return context.randn(context.batch, context.length, width)
+
+
+def _spectrogram(context: Context) -> torch.Tensor:
+    """Vocoders (HiFi-GAN) turn (batch, frames, mel bins) into audio."""
+    return context.randn(context.batch, 4 * context.length, context.get("model_in_dim", 80))
+
+
+def _raw_audio(context: Context) -> torch.Tensor:
+    """Audio codecs take (batch, channels, samples); speech encoders take (batch, samples)."""
+    channels = getattr(context.config, "audio_channels", None)
+    audio = context.randn(context.batch, AUDIO_SAMPLES[context.label]) * 0.1
+    return audio.unsqueeze(1).expand(-1, channels, -1).contiguous() if isinstance(channels, int) else audio
+
+
+_TRAJECTORY = {  # decision transformers: one row per timestep
+    "states": lambda c: c.randn(c.batch, c.length, c.get("state_dim", 4)),
+    "actions": lambda c: c.randn(c.batch, c.length, c.get("act_dim", 2)),
+    "returns_to_go": lambda c: c.randn(c.batch, c.length, 1),
+    "rewards": lambda c: c.randn(c.batch, c.length, 1),
+    "timesteps": lambda c: torch.arange(c.length).expand(c.batch, -1).contiguous(),
+}
+
+def _series_length(context: Context, future: bool = False) -> int:
+    config = context.config
+    if future:
+        return getattr(config, "prediction_length", None) or 8
+    lags = getattr(config, "lags_sequence", None)
+    return (getattr(config, "context_length", None) or 32) + (max(lags) if lags else 0)
+
+
+_TIME_SERIES = {  # covariates of probabilistic forecasters, sized like the series they describe
+    "past_time_features": lambda c: c.randn(c.batch, _series_length(c), c.get("num_time_features", 1)),
+    "future_time_features": lambda c: c.randn(c.batch, _series_length(c, True), c.get("num_time_features", 1)),
+    "past_observed_mask": lambda c: torch.ones_like(c.inputs_so_far["past_values"])
+    if "past_values" in c.inputs_so_far else None,
+}
+
 _RULES: dict[str, Callable[[Context], Any]] = {
+    **_TRAJECTORY,
+    **_TIME_SERIES,
+    "image_sizes": _image_sizes,
+    "grid_thw": _grid_thw,
+    "hidden_states": _hidden_states,
+    "spectrogram": _spectrogram,
+    "inputs": _raw_audio,  # speech encoder-decoders' encoder input
     "noise": _noise,
     "image_attention_mask": lambda context: torch.ones(*context.inputs_so_far["input_ids"].shape[:2], 1, dtype=torch.long)
     if "input_ids" in context.inputs_so_far else None,
@@ -249,13 +311,14 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     "pixel_values": _pixel_values,
     "input_features": _input_features,
     "input_values": _input_values,
+    "codebook_idx": lambda context: 1,  # which codebook a fine acoustic model predicts: a constant
     "bbox": _bbox,
     "past_values": _past_values,
 }
 
 # Filled whenever the forward takes them, required or not: callers pass them, and they switch on code paths.
 _ALWAYS = ("attention_mask", "token_type_ids", "decoder_input_ids", "pixel_values", "bbox", "noise", "lang_ids",
-           "visual_feats", "visual_pos", "image_attention_mask")
+           "visual_feats", "visual_pos", "image_attention_mask", "image_sizes", *_TRAJECTORY)
 
 
 def _parameters(model) -> dict[str, inspect.Parameter]:

@@ -129,12 +129,13 @@ def _extra_classes(mapped: frozenset[str]) -> dict[str, tuple[str, str, str]]:
     """Public PreTrainedModel subclasses outside the mappings: ``{name: (model type, module, config)}``, cached."""
     import transformers
 
-    cache_file = _cache_dir() / f"extra-classes-v2-{transformers.__version__}.json"
+    cache_file = _cache_dir() / f"extra-classes-v3-{transformers.__version__}.json"
     if cache_file.is_file():
         try:
             return {name: tuple(value) for name, value in json.loads(cache_file.read_text()).items()}
         except (json.JSONDecodeError, ValueError):
             pass  # rebuilt below
+    import torch
     from transformers import PreTrainedModel
 
     extras = {}
@@ -146,6 +147,9 @@ def _extra_classes(mapped: frozenset[str]) -> dict[str, tuple[str, str, str]]:
         except Exception:  # an optional dependency is missing: not enumerable here
             continue
         config_class = getattr(value, "config_class", None)
+        abstract = "pretrained" in name.lower() or getattr(value, "forward", None) is torch.nn.Module.forward
+        if abstract:  # base classes without a forward of their own (DPRPretrainedReader): nothing to run
+            continue
         if isinstance(value, type) and issubclass(value, PreTrainedModel) and getattr(config_class, "model_type", ""):
             extras[name] = (config_class.model_type, module, f"{config_class.__module__}:{config_class.__name__}")
     cache_file.parent.mkdir(parents=True, exist_ok=True)

@@ -69,6 +69,11 @@ TINY_OVERRIDES: dict[str, dict] = {
     "mobilevitv2": {"image_size": 64},
     # attention biases are sized from image_size / 16 and the 16-pixel patch embedding
     "levit": {"patch_size": 16, "image_size": 64},
+    # axial position embeddings: the two dims sum to hidden_size, the shape multiplies to the positions
+    "reformer": {"axial_pos_embds_dim": [16, 16], "axial_pos_shape": [8, 16], "lsh_attn_chunk_length": 4,
+                 "local_attn_chunk_length": 4, "is_decoder": True},
+    # the projector maps a known patch count to a query count: 16 patches of a tiny image to 4 queries
+    "aria": {"projector_patch_to_query_dict": {16: 4}},
 }
 
 # model type -> feature extractor class, where the auto mapping names one that does not make this model's inputs.

@@ -244,6 +244,8 @@ def shrink(config, overrides: dict | None = None) -> dict:
         values["num_experts_per_tok"] = EXPERTS_PER_TOKEN
     if "moe_intermediate_size" in values and values["moe_intermediate_size"] is None:
         values["moe_intermediate_size"] = FFN
+    if "prediction_length" in values and values["prediction_length"] is None:  # time series: required, no default
+        values["prediction_length"] = 8
     if "attn_layer_indices" in values and values["attn_layer_indices"] is None:
         values["attn_layer_indices"] = [LAYERS - 1]  # hybrids: keep one attention layer among the few left
     if "pad_token_id" in values and values["pad_token_id"] is None and _int(values.get("vocab_size")):
