@@ -318,7 +318,7 @@ _RULES: dict[str, Callable[[Context], Any]] = {
 
 # Filled whenever the forward takes them, required or not: callers pass them, and they switch on code paths.
 _ALWAYS = ("attention_mask", "token_type_ids", "decoder_input_ids", "pixel_values", "bbox", "noise", "lang_ids",
-           "visual_feats", "visual_pos", "image_attention_mask", "image_sizes", *_TRAJECTORY)
+           "visual_feats", "visual_pos", "image_attention_mask", *_TRAJECTORY)
 
 
 def _parameters(model) -> dict[str, inspect.Parameter]:
@@ -420,6 +420,11 @@ def _place_image_tokens(context: Context, inputs: dict) -> None:
         inputs.update(_grid_pixel_values(context))
     owner = context.model if hasattr(context.model, "get_image_features") else getattr(context.model, "model", context.model)
     accepted = inspect.signature(owner.get_image_features).parameters
+    for name, parameter in accepted.items():  # what the image path needs although the forward makes it optional
+        if parameter.default is inspect.Parameter.empty and name not in inputs and name in _RULES:
+            value = _RULES[name](context)
+            if value is not None:
+                inputs[name] = value
     image_inputs = {name: value for name, value in inputs.items() if name in accepted and name != "input_ids"}
     per_sample = _image_feature_count(context.model, image_inputs) // context.batch
     placeholders = torch.full((context.batch, per_sample), _image_token(context.config), dtype=torch.long)
