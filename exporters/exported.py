@@ -72,7 +72,15 @@ class Exported:
                     )
             else:
                 traced[name] = value
-        outputs = self._run(traced)
+        return self.run_named(named_leaves(traced))
+
+    def run_named(self, named: dict[str, Any]) -> dict[str, Any]:
+        """Run with the input tensors given by name (``past_key_values.layers.0.keys``): a generation loop feeds one
+        step's outputs to the next step this way, without rebuilding cache objects."""
+        missing = [name for name in self.input_names if name not in named]
+        if missing:
+            raise TypeError(f"{self.backend} artifact is missing inputs: {', '.join(missing)}")
+        outputs = self._run([named[name].contiguous() for name in self.input_names])
         if len(outputs) != len(self.output_names):
             raise RuntimeError(
                 f"{self.backend} artifact returned {len(outputs)} outputs, its export recorded "
@@ -88,15 +96,8 @@ class Exported:
     def _runtime(self):
         raise NotImplementedError
 
-    def _feed(self, traced: dict[str, Any]) -> list[Any]:
-        """The input tensors in the order the program takes them."""
-        leaves = named_leaves(traced)
-        missing = [name for name in self.input_names if name not in leaves]
-        if missing:
-            raise TypeError(f"{self.backend} artifact is missing inputs: {', '.join(missing)}")
-        return [leaves[name].contiguous() for name in self.input_names]
-
-    def _run(self, traced: dict[str, Any]) -> list[Any]:
+    def _run(self, feed: list[Any]) -> list[Any]:
+        """Run the program on its input tensors, in ``input_names`` order; its outputs in ``output_names`` order."""
         raise NotImplementedError
 
     def save(self, directory: str | Path) -> Path:

@@ -58,9 +58,10 @@ class DynamoExported(Exported):
             self._module = self.program.module()
         return self._module
 
-    def _run(self, traced):
+    def _run(self, feed):
+        args, kwargs = _pytree.tree_unflatten(feed, self.program.call_spec.in_spec)
         with torch.no_grad():
-            outputs = named_leaves(self._runtime()(**traced))
+            outputs = named_leaves(self._runtime()(*args, **kwargs))
         return [outputs[name] for name in self.output_names]
 
     def _save_program(self, path: Path) -> None:

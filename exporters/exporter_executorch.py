@@ -60,8 +60,8 @@ class ExecutorchExported(Exported):
 
     method = property(_runtime)
 
-    def _run(self, traced):
-        return list(self.method.execute(self._feed(traced)))
+    def _run(self, feed):
+        return list(self.method.execute(feed))
 
     def _save_program(self, path: Path) -> None:
         path.write_bytes(self.program)

@@ -65,14 +65,10 @@ class OnnxExported(Exported):
 
     session = property(_runtime)
 
-    def _run(self, traced):
+    def _run(self, feed):
         session_inputs = {value.name for value in self.session.get_inputs()}
-        feed = {
-            name: tensor.numpy()
-            for name, tensor in zip(self.input_names, self._feed(traced))
-            if name in session_inputs
-        }
-        return [torch.from_numpy(array) for array in self.session.run(None, feed)]
+        named = {name: tensor.numpy() for name, tensor in zip(self.input_names, feed) if name in session_inputs}
+        return [torch.from_numpy(array) for array in self.session.run(None, named)]
 
     def _save_program(self, path: Path) -> None:
         import onnx_ir
