@@ -279,7 +279,7 @@ def _unflatten_from_context(skeleton: Any, leaves: list) -> Any:
 def _flatten_with_keys(value):
     leaves: list = []
     skeleton = _flatten_to_context(value, "", leaves)
-    return [(_pytree.GetAttrKey(path), leaf) for path, leaf in leaves], json.dumps(skeleton)
+    return [(_pytree.MappingKey(path), leaf) for path, leaf in leaves], json.dumps(skeleton)
 
 
 def _flatten(value):

@@ -61,7 +61,9 @@ class ExecutorchExported(Exported):
     method = property(_runtime)
 
     def _run(self, feed):
-        return list(self.method.execute(feed))
+        outputs = list(self.method.execute(feed))
+        # inputs the program updates in place (a static cache) come back first: the user outputs follow them
+        return outputs[self.metadata.get("mutated_inputs", 0) :]
 
     def _save_program(self, path: Path) -> None:
         path.write_bytes(self.program)
@@ -104,11 +106,16 @@ class ExecutorchExporter:
                     edge = to_edge_transform_and_lower(traced.program, partitioner=partitioners)
                 with log.stage("to-executorch"):
                     program = edge.to_executorch().buffer
+                mutated_inputs = sum(
+                    spec.kind.name == "USER_INPUT_MUTATION" for spec in edge.exported_program().graph_signature.output_specs
+                )
         finally:
             log.note(sorted(fired))
         metadata = build_metadata(
             "executorch", model, inputs, traced.constants, traced.input_names, traced.output_names, config, log
         )
+        # counted after lowering: functionalization turns in-place updates of inputs into leading outputs
+        metadata["mutated_inputs"] = mutated_inputs
         return ExecutorchExported(program, metadata)
 
 

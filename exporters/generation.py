@@ -1,0 +1,191 @@
+"""Generation through exported programs: a prefill program and a decode-step program, and a greedy loop that drives
+them in their runtime with no eager model in the loop.
+
+- decoder-only models: prefill takes the prompt and returns the logits and the cache; each decode step takes one
+  token, the attention mask and the cache, and returns the next logits and the grown cache. With a
+  ``DynamicCache`` the cache length is a dynamic axis of the decode program; with a ``StaticCache`` every shape is
+  fixed and a ``cache_position`` input says where the token goes.
+- encoder-decoder models (T5, BART, Whisper): prefill runs the encoder and the first decoder step; decode steps take
+  the encoder's hidden states and an ``EncoderDecoderCache``.
+
+The cache travels between steps as named tensors (``past_key_values.layers.0.keys``): one step's outputs are the
+next step's inputs, whatever runtime runs them.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from . import exporter_for
+from .exporter_dynamo import auto_dynamic_shapes, register_pytree_nodes
+from .exported import Exported
+from .utils import named_leaves
+
+CACHE_KINDS = ("dynamic", "static")
+CACHE = "past_key_values"
+ENCODER_STATES = "encoder_last_hidden_state"
+
+
+@dataclass
+class Generated:
+    tokens: torch.Tensor  # (batch, new tokens)
+    logits: list[torch.Tensor] = field(default_factory=list)  # one (batch, vocab) per new token
+
+
+class Generator:
+    """A prefill and a decode program of one backend, and how to feed one step's outputs to the next."""
+
+    def __init__(self, prefill: Exported, decode: Exported, encoder_decoder: bool, static_cache: dict | None,
+                 decoder_start: int | None):  # fmt: skip
+        self.prefill, self.decode = prefill, decode
+        self.encoder_decoder = encoder_decoder
+        self.static_cache = static_cache  # zero cache tensors by name, for a StaticCache prefill
+        self.decoder_start = decoder_start
+
+    @property
+    def applied(self) -> list[str]:
+        return list(dict.fromkeys(self.prefill.applied + self.decode.applied))
+
+    def load_runtime(self) -> Generator:
+        self.prefill.load_runtime()
+        self.decode.load_runtime()
+        return self
+
+    def generate(self, inputs: dict[str, Any], max_new_tokens: int) -> Generated:
+        """Greedy decoding of ``max_new_tokens`` tokens for the prompt ``inputs``."""
+        prompt = {name: value for name, value in inputs.items() if not name.startswith("decoder_")}
+        batch = next(iter(named_leaves(prompt).values())).shape[0]
+        named = dict(named_leaves(prompt))
+        if self.encoder_decoder:
+            named["decoder_input_ids"] = torch.full((batch, 1), self.decoder_start, dtype=torch.long)
+        mask = named.get("attention_mask")
+        if self.static_cache is not None:
+            named.update({name: tensor.clone() for name, tensor in self.static_cache.items()})
+            named["cache_position"] = torch.arange(named["input_ids"].shape[1])
+        outputs = self.prefill.run_named(named)
+        length = named["input_ids"].shape[1] if not self.encoder_decoder else 1
+        generated = Generated(torch.empty(batch, 0, dtype=torch.long))
+        for step in range(max_new_tokens):
+            logits = outputs["logits"][:, -1]
+            token = logits.argmax(dim=-1, keepdim=True)
+            generated.logits.append(logits)
+            generated.tokens = torch.cat([generated.tokens, token], dim=1)
+            if step == max_new_tokens - 1:
+                break
+            named = {name: value for name, value in outputs.items() if name.startswith(CACHE + ".")}
+            name = "decoder_input_ids" if self.encoder_decoder else "input_ids"
+            named[name] = token
+            if self.encoder_decoder:
+                named["encoder_outputs.0"] = outputs.get(ENCODER_STATES, named.get("encoder_outputs.0"))
+                if mask is not None:
+                    named["attention_mask"] = mask
+                encoder_states = named["encoder_outputs.0"]
+            elif self.static_cache is None and mask is not None:  # a static cache masks by cache_position
+                mask = torch.cat([mask, torch.ones(batch, 1, dtype=mask.dtype)], dim=1)
+                named["attention_mask"] = mask
+            if self.static_cache is not None:
+                named["cache_position"] = torch.tensor([length])
+            length += 1
+            outputs = self.decode.run_named(named)
+            if self.encoder_decoder:
+                outputs = {**outputs, ENCODER_STATES: encoder_states}
+        return generated
+
+
+def decoder_start_token(config) -> int | None:
+    for candidate in (config, getattr(config, "decoder", None), getattr(config, "text_config", None)):
+        value = getattr(candidate, "decoder_start_token_id", None) if candidate is not None else None
+        if isinstance(value, int):
+            return value
+    value = getattr(config, "bos_token_id", None)
+    return value if isinstance(value, int) else 0
+
+
+def export_for_generation(
+    model: torch.nn.Module,
+    inputs: dict[str, Any],
+    backend: str,
+    cache: str = "dynamic",
+    max_cache_len: int = 64,
+) -> Generator:
+    """Export ``model``'s prefill and decode step for ``backend``; ``inputs`` is a prompt (encoder inputs for an
+    encoder-decoder model, ``input_ids`` and ``attention_mask`` for a decoder-only one)."""
+    if cache not in CACHE_KINDS:
+        raise ValueError(f"unknown cache {cache!r}: expected one of {', '.join(CACHE_KINDS)}")
+    register_pytree_nodes(model)
+    encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
+    if encoder_decoder and cache == "static":
+        raise ValueError("a static cache is for decoder-only models here; encoder-decoder models use the dynamic one")
+    prompt = {name: value for name, value in inputs.items() if not name.startswith("decoder_")}
+    batch = next(iter(named_leaves(prompt).values())).shape[0]
+    start = decoder_start_token(model.config)
+
+    # ── prefill ──
+    prefill_inputs = {**prompt, "use_cache": True}
+    static_cache = None
+    if encoder_decoder:
+        prefill_inputs["decoder_input_ids"] = torch.full((batch, 1), start, dtype=torch.long)
+    elif cache == "static":
+        from transformers.cache_utils import StaticCache
+
+        empty = StaticCache(config=model.config, max_cache_len=max_cache_len)
+        with torch.no_grad():  # a StaticCache allocates its tensors on its first update
+            model(**prompt, past_key_values=empty, use_cache=True, cache_position=torch.arange(prompt["input_ids"].shape[1]))
+        for name, tensor in named_leaves(empty).items():
+            tensor.zero_()
+        static_cache = {f"{CACHE}.{name}": tensor for name, tensor in named_leaves(empty).items()}
+        prefill_inputs.update(past_key_values=empty, cache_position=torch.arange(prompt["input_ids"].shape[1]))
+    exporter, config = exporter_for(backend)
+    prefill = exporter.export(model, copy.deepcopy(prefill_inputs), config)
+
+    # ── decode step: its example inputs come from one eager prefill ──
+    with torch.no_grad():
+        first = model(**copy.deepcopy(prefill_inputs))
+    token = first.logits[:, -1:].argmax(dim=-1)
+    decode_inputs: dict[str, Any] = {CACHE: first.past_key_values, "use_cache": True}
+    if encoder_decoder:
+        decode_inputs.update(decoder_input_ids=token, encoder_outputs=(first.encoder_last_hidden_state,))
+        if "attention_mask" in prompt:
+            decode_inputs["attention_mask"] = prompt["attention_mask"]
+    else:
+        decode_inputs["input_ids"] = token
+        if "attention_mask" in prompt and cache != "static":
+            decode_inputs["attention_mask"] = torch.cat(
+                [prompt["attention_mask"], torch.ones(batch, 1, dtype=prompt["attention_mask"].dtype)], dim=1
+            )
+    if cache == "static":
+        decode_inputs["cache_position"] = torch.tensor([prompt["input_ids"].shape[1]])
+        exporter, config = exporter_for(backend)
+    else:  # the cache grows by one position per step: its length is a dynamic axis
+        shapes = {CACHE: auto_dynamic_shapes(decode_inputs[CACHE])}
+        for name, value in decode_inputs.items():
+            if name != CACHE and isinstance(value, torch.Tensor):
+                shapes[name] = {1: torch.export.Dim.AUTO} if name == "attention_mask" and not encoder_decoder else None
+            elif name == "encoder_outputs":
+                shapes[name] = (None,)
+        exporter, config = exporter_for(backend, dynamic=True, dynamic_shapes=shapes)
+    decode = exporter.export(model, copy.deepcopy(decode_inputs), config)
+    return Generator(prefill, decode, encoder_decoder, static_cache, start)
+
+
+def eager_generate(model: torch.nn.Module, inputs: dict[str, Any], max_new_tokens: int) -> Generated:
+    """The reference: ``model.generate(do_sample=False)``, never stopping early, with each step's logits."""
+    prompt = {name: value for name, value in inputs.items() if not name.startswith("decoder_")}
+    config = copy.deepcopy(model.generation_config)
+    config.update(do_sample=False, num_beams=1, eos_token_id=None, max_new_tokens=max_new_tokens,
+                  min_new_tokens=max_new_tokens, output_logits=True, return_dict_in_generate=True,
+                  forced_eos_token_id=None, forced_bos_token_id=None, begin_suppress_tokens=None,
+                  suppress_tokens=None, no_repeat_ngram_size=0, repetition_penalty=1.0, bad_words_ids=None)  # fmt: skip
+    if getattr(model.config, "is_encoder_decoder", False):
+        config.decoder_start_token_id = decoder_start_token(model.config)
+    if config.pad_token_id is None:
+        config.pad_token_id = 0
+    with torch.no_grad():
+        result = model.generate(**prompt, generation_config=config)
+    sequences = result.sequences
+    new = sequences[:, -max_new_tokens:]
+    return Generated(new, [logits.float() for logits in result.logits])
