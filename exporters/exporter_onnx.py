@@ -124,6 +124,7 @@ class OnnxExporter:
                         dynamo=True,
                         verbose=False,
                     )
+                    _name_inputs_and_outputs(onnx_program.model.graph, traced.input_names, traced.output_names)
             if config.optimize:
                 with log.stage("optimize"):
                     onnx_program.optimize()
@@ -136,6 +137,25 @@ class OnnxExporter:
             "onnx", model, inputs, traced.constants, traced.input_names, traced.output_names, config, log
         )
         return OnnxExported(onnx_program.model, metadata)
+
+
+def _name_inputs_and_outputs(graph, input_names: list[str], output_names: list[str]) -> None:
+    """Give the graph's inputs and outputs our names. An output that is an input passed through (a decode step's
+    cross-attention cache) becomes an Identity of it: one value cannot carry both names, and the converter would
+    otherwise rename the input."""
+    import onnx_ir
+
+    for index, value in enumerate(list(graph.outputs)):
+        if value.is_graph_input():
+            identity = onnx_ir.node("Identity", [value])
+            copy = identity.outputs[0]
+            copy.shape, copy.type = value.shape, value.type
+            graph.append(identity)
+            graph.outputs[index] = copy
+    for value, name in zip(graph.inputs, input_names):
+        value.name = name
+    for value, name in zip(graph.outputs, output_names):
+        value.name = name
 
 
 # ── Stage 1: Torch patches ───────────────────────────────────────────────────

@@ -151,6 +151,10 @@ def export_for_generation(
         decode_inputs.update(decoder_input_ids=token, encoder_outputs=(first.encoder_last_hidden_state,))
         if "attention_mask" in prompt:
             decode_inputs["attention_mask"] = prompt["attention_mask"]
+        # one more eager step: a self-attention cache of length 1 would be specialised to 1 by the trace
+        with torch.no_grad():
+            second = model(**copy.deepcopy(decode_inputs))
+        decode_inputs.update({CACHE: second.past_key_values, "decoder_input_ids": second.logits[:, -1:].argmax(dim=-1)})
     else:
         decode_inputs["input_ids"] = token
         if "attention_mask" in prompt and cache != "static":
@@ -189,3 +193,47 @@ def eager_generate(model: torch.nn.Module, inputs: dict[str, Any], max_new_token
     sequences = result.sequences
     new = sequences[:, -max_new_tokens:]
     return Generated(new, [logits.float() for logits in result.logits])
+
+
+@dataclass
+class GenerationComparison:
+    ok: bool
+    message: str
+    tokens_equal: bool
+    first_mismatch: int | None  # the first step whose token differs
+    near_tie: int | None  # the first step where eager's two best logits were closer than the tolerance
+    max_abs_diff: float  # over the logits of the steps both agree on
+
+    def as_dict(self) -> dict:
+        return {"tokens_equal": self.tokens_equal, "first_mismatch": self.first_mismatch, "near_tie": self.near_tie,
+                "max_abs_diff": self.max_abs_diff}  # fmt: skip
+
+
+def compare_generation(eager: Generated, exported: Generated, atol: float, rtol: float) -> GenerationComparison:
+    """Tokens must be equal and the logits of every agreeing step close. A token that differs right where eager's
+    top two logits were within tolerance of each other is a near-tie (random tiny models have them), not a failure."""
+    steps = min(len(eager.logits), len(exported.logits))
+    mismatch = next((s for s in range(steps) if not torch.equal(eager.tokens[:, s], exported.tokens[:, s])), None)
+    near_tie = None
+    for step in range(steps):
+        top = eager.logits[step].topk(2, dim=-1).values
+        gap = (top[:, 0] - top[:, 1]).abs()
+        if bool((gap <= atol + rtol * top[:, 0].abs()).any()):
+            near_tie = step
+            break
+    agreed = steps if mismatch is None else mismatch + 1  # the mismatching step's logits are still comparable
+    differences = [float((eager.logits[s] - exported.logits[s]).abs().max()) for s in range(agreed)]
+    max_abs = max(differences, default=0.0)
+    close = all(torch.allclose(exported.logits[s], eager.logits[s], atol=atol, rtol=rtol) for s in range(agreed))
+    if mismatch is None and close:
+        return GenerationComparison(True, f"{steps} tokens equal to eager", True, None, near_tie, max_abs)
+    if mismatch is not None and near_tie is not None and near_tie <= mismatch:
+        return GenerationComparison(
+            True, f"tokens equal up to step {mismatch}, where eager's top-2 logits nearly tie (step {near_tie})",
+            False, mismatch, near_tie, max_abs,
+        )  # fmt: skip
+    if mismatch is not None:
+        message = f"token {mismatch} differs from eager ({exported.tokens[:, mismatch].tolist()} vs {eager.tokens[:, mismatch].tolist()})"
+    else:
+        message = f"tokens equal but logits differ beyond atol={atol:g} rtol={rtol:g} (max abs {max_abs:.3g})"
+    return GenerationComparison(False, message, mismatch is None, mismatch, near_tie, max_abs)

@@ -261,6 +261,8 @@ def run_cell(cell: Cell, context: ClassContext, registry=None, on_stage: Callabl
             record.registry = skip.as_dict()
             record.stages.append(StageRecord("registry", "skip", 0.0, "ExportSkip", f"{skip.reason} ({skip.url})"))
             return _done(record)
+    if cell.shape_mode == "generate":
+        return _run_generate(cell, context, record, on_stage)
     options = {"dynamic": cell.shape_mode == "dynamic"}
     if cell.shape_mode == "dynamic":
         options["dynamic_shapes"] = varying_axes(context.inputs["A"], context.inputs["B"])
@@ -324,6 +326,47 @@ def run_cell(cell: Cell, context: ClassContext, registry=None, on_stage: Callabl
         ]
         stage.error_type = "ParityMismatch"
         stage.message = f"outputs differ from eager beyond atol={atol:g} rtol={rtol:g}: {', '.join(worst[:5])}"
+    record.stages.append(stage)
+    return _done(record)
+
+
+GENERATED_TOKENS = 8
+
+
+def _run_generate(cell: Cell, context: ClassContext, record: CellRecord, on_stage) -> CellRecord:
+    """Prefill and decode programs, a greedy loop through them in the backend's runtime, tokens against eager's."""
+    from exporters.generation import compare_generation, eager_generate, export_for_generation
+
+    prompt = {name: value for name, value in context.inputs["A"].items() if not name.startswith("decoder_")}
+    results: dict = {}
+    steps = [
+        ("reference", lambda: results.setdefault("eager", eager_generate(context.model, prompt, GENERATED_TOKENS))),
+        ("export", lambda: results.setdefault("generator", export_for_generation(context.model, prompt, cell.backend))),
+        ("load", lambda: results["generator"].load_runtime()),
+        ("run", lambda: results.setdefault("generated", results["generator"].generate(prompt, GENERATED_TOKENS))),
+    ]
+    for name, step in steps:
+        on_stage(name)
+        stage, _result, trace = run_stage(name, step)
+        record.stages.append(stage)
+        if name == "export" and "generator" in results:
+            record.applied = results["generator"].applied
+        if stage.status != "pass":
+            record.traceback = trace
+            return _done(record)
+    on_stage("parity")
+    atol, rtol, reason = tolerance_for(cell.model.name, cell.backend)
+    record.atol, record.rtol, record.tolerance_reason = atol, rtol, reason
+    comparison = compare_generation(results["eager"], results["generated"], atol, rtol)
+    record.max_abs_diff = comparison.max_abs_diff
+    record.parity = {"generation": {**comparison.as_dict(), "ok": comparison.ok, "abs": comparison.max_abs_diff,
+                                    "tokens": results["generated"].tokens.tolist(),
+                                    "eager_tokens": results["eager"].tokens.tolist()}}  # fmt: skip
+    stage = StageRecord("parity", "pass" if comparison.ok else "fail", 0.0, details={"note": comparison.message})
+    if not comparison.ok:
+        stage.error_type, stage.message = "GenerationMismatch", comparison.message
+    elif not comparison.tokens_equal:
+        stage.message = comparison.message  # a near-tie: shown, not failed
     record.stages.append(stage)
     return _done(record)
 

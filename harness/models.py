@@ -19,6 +19,8 @@ from pathlib import Path
 from .tables import SMOKE_SET
 
 BASE_TASK = "base"
+# The mappings whose classes generate text: they get generate-mode cells.
+GENERATIVE_TASKS = ("causal-lm", "seq-to-seq-causal-lm", "speech-seq-2-seq", "image-text-to-text")
 EXTRA_TASK = "submodel"  # found outside the auto mappings
 
 
@@ -35,6 +37,10 @@ class ModelClass:
         """The headline task: the most specific one."""
         specific = [task for task in self.tasks if task not in (BASE_TASK, "pretraining")]
         return specific[0] if specific else self.tasks[0]
+
+    @property
+    def generative(self) -> bool:
+        return bool(set(self.tasks) & set(GENERATIVE_TASKS))
 
     @property
     def in_auto_mappings(self) -> bool:

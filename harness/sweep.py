@@ -20,6 +20,16 @@ from .store import RunStore
 from .workers import ClassWorker, WorkerOptions
 
 
+def cells_of(model: ModelClass, backends, shapes) -> list[Cell]:
+    """A class' cells: every backend and shape mode, generate mode only for classes that generate text."""
+    return [
+        Cell(model, backend, shape)
+        for backend in backends
+        for shape in shapes
+        if shape != "generate" or model.generative
+    ]
+
+
 @dataclass
 class Plan:
     """What to run: the cells of each class, in class order."""
@@ -31,7 +41,7 @@ class Plan:
     only: set[str] | None = None  # just these cell ids (the stale check re-runs the cells an entry governs)
 
     def cells(self, model: ModelClass) -> list[Cell]:
-        cells = [Cell(model, backend, shape) for backend in self.backends for shape in self.shapes]
+        cells = cells_of(model, self.backends, self.shapes)
         return [c for c in cells if c.id not in self.done and (self.only is None or c.id in self.only)]
 
     @property

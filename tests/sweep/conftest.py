@@ -39,10 +39,10 @@ def pytest_generate_tests(metafunc):
         return
     if "sweep_cell" not in metafunc.fixturenames or not metafunc.config.getoption("--sweep"):
         return
-    from harness.cells import Cell
+    from harness.sweep import cells_of
 
     classes, backends, shapes = _selection(metafunc.config)
-    cells = [Cell(model, backend, shape) for model in classes for backend in backends for shape in shapes]
+    cells = [cell for model in classes for cell in cells_of(model, backends, shapes)]
     metafunc.parametrize(
         "sweep_cell",
         [pytest.param(cell, marks=pytest.mark.xdist_group(cell.model.name)) for cell in cells],

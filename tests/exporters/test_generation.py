@@ -1,0 +1,59 @@
+"""Generation through exported prefill and decode programs, in each backend's runtime, against eager generate()."""
+
+import pytest
+import torch
+
+from exporters.generation import Generated, compare_generation, eager_generate, export_for_generation
+
+from .conftest import TOLERANCE
+
+NEW_TOKENS = 8
+CASES = [
+    ("LlamaForCausalLM", "dynamic"),
+    ("LlamaForCausalLM", "static"),
+    ("T5ForConditionalGeneration", "dynamic"),
+    ("WhisperForConditionalGeneration", "dynamic"),
+]
+
+
+@pytest.mark.parametrize("backend", ["dynamo", "onnx", "executorch"])
+@pytest.mark.parametrize("model_name, cache", CASES, ids=[f"{m}-{c}" for m, c in CASES])
+def test_generated_tokens_equal_eager(tiny, model_name, cache, backend):
+    model = tiny(model_name)
+    prompt = {name: value for name, value in model.inputs["A"].items() if not name.startswith("decoder_")}
+    expected = eager_generate(model.model, prompt, NEW_TOKENS)
+    generator = export_for_generation(model.model, prompt, backend, cache=cache)
+    generated = generator.generate(prompt, NEW_TOKENS)
+    assert generated.tokens.shape == expected.tokens.shape == (2, NEW_TOKENS)
+    assert torch.equal(generated.tokens, expected.tokens)
+    for step, (ours, theirs) in enumerate(zip(generated.logits, expected.logits)):
+        torch.testing.assert_close(ours, theirs, atol=TOLERANCE[backend], rtol=TOLERANCE[backend], msg=f"step {step}")
+    comparison = compare_generation(expected, generated, TOLERANCE[backend], TOLERANCE[backend])
+    assert comparison.ok and comparison.tokens_equal
+
+
+def _generated(tokens, logits):
+    return Generated(torch.tensor(tokens), [torch.tensor(step) for step in logits])
+
+
+def test_a_differing_token_at_a_near_tie_is_reported_as_such():
+    eager = _generated([[1, 2]], [[[0.0, 5.0, 1.0]], [[0.0, 3.0, 3.0000001]]])
+    ours = _generated([[1, 1]], [[[0.0, 5.0, 1.0]], [[0.0, 3.0000002, 3.0000001]]])
+    comparison = compare_generation(eager, ours, 1e-4, 1e-4)
+    assert comparison.ok and not comparison.tokens_equal
+    assert (comparison.first_mismatch, comparison.near_tie) == (1, 1)
+    assert "nearly tie" in comparison.message
+
+
+def test_a_differing_token_without_a_tie_fails():
+    eager = _generated([[1, 2]], [[[0.0, 5.0, 1.0]], [[0.0, 1.0, 3.0]]])
+    ours = _generated([[1, 1]], [[[0.0, 5.0, 1.0]], [[0.0, 4.0, 3.0]]])
+    comparison = compare_generation(eager, ours, 1e-4, 1e-4)
+    assert not comparison.ok and comparison.first_mismatch == 1 and comparison.near_tie is None
+    assert comparison.message.startswith("token 1 differs from eager")
+
+
+def test_unknown_cache_kind_is_refused(tiny):
+    model = tiny("LlamaForCausalLM")
+    with pytest.raises(ValueError, match="unknown cache 'paged'"):
+        export_for_generation(model.model, model.inputs["A"], "dynamo", cache="paged")
