@@ -33,6 +33,7 @@ from .utils import (
     register_executorch_backend,
     register_fx_node_fix,
     register_fx_program_fix,
+    register_patch,
 )
 
 _BACKEND_PREPARE = EXECUTORCH_BACKENDS
@@ -158,6 +159,33 @@ def prepare_for_cuda(model):
 # `@register_patch("executorch", "executorch.<internal>")`: lowering steps that fail on valid graphs.
 
 
+def _dynamic_axes(node) -> int:
+    from torch.fx.experimental.symbolic_shapes import free_symbols
+
+    value = node.meta.get("val")
+    return sum(bool(free_symbols(size)) for size in value.shape) if isinstance(value, torch.Tensor) else 0
+
+
+@register_patch(
+    "executorch",
+    "executorch.backends.xnnpack.partition.config.gemm_configs.ConvolutionConfig.check_constraints",
+    "executorch.backends.xnnpack.partition.config.generic_node_configs.UnsqueezeCopyConfig.check_constraints",
+)
+def _patch_xnnpack_reshape_dynamic_axes(original):
+    """XNNPACK takes a 1-D convolution (it wraps it in unsqueeze/squeeze) or an unsqueeze with two dynamic axes,
+    then its reshape refuses them ("XNNPACK reshape only supports 1 dynamic dimension"; wav2vec2's feature
+    encoder with dynamic batch and audio length). Such nodes stay on the portable kernels instead."""
+
+    def check_constraints(self, node, exported_program):
+        source = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else node
+        is_1d = len(getattr(source.meta.get("val"), "shape", ())) == 3
+        if is_1d and max(_dynamic_axes(source), _dynamic_axes(node)) > 1:
+            return False
+        return original(self, node, exported_program)
+
+    return check_constraints
+
+
 # ── Stage 4: FX program fixes ────────────────────────────────────────────────
 # `@register_fx_program_fix("executorch")`: `fix(exported_program) -> bool`.
 
@@ -188,10 +216,13 @@ def _fix_unbounded_dynamic_axes(exported_program) -> bool:
     changed = False
     for ranges in (exported_program.range_constraints, shape_env.var_to_range if shape_env else {}):
         for symbol, bounds in list(ranges.items()):
-            if not isinstance(bounds.upper, IntInfinity):
+            # only input axes (backed symbols, s0...): a data-dependent size (u0...) has no traced value to grow from
+            if not isinstance(bounds.upper, IntInfinity) or str(symbol).startswith("u"):
                 continue
-            traced = int(traced_sizes.get(symbol, bounds.lower))
-            ranges[symbol] = ValueRanges(bounds.lower, max(traced * _DYNAMIC_GROWTH, _DYNAMIC_FLOOR))
+            traced = traced_sizes.get(symbol)
+            traced = int(traced) if traced is not None and traced.is_finite else 2
+            lower = bounds.lower if bounds.lower.is_finite else 0
+            ranges[symbol] = ValueRanges(lower, max(traced * _DYNAMIC_GROWTH, _DYNAMIC_FLOOR))
             changed = True
     return changed
 
