@@ -36,18 +36,17 @@ def _digest(*parts: bytes | str) -> str:
     return hasher.hexdigest()
 
 
-@cache
-def _file_digest(path: str) -> str:
+def _file_digest(path: Path) -> str:
     try:
-        return _digest(Path(path).read_bytes())
+        return _digest(path.read_bytes())
     except OSError:
         return "missing"
 
 
-def code_digest() -> str:
-    """The exporter package and the result-shaping harness files, hashed together."""
-    files = sorted((_ROOT / "exporters").rglob("*.py")) + [_ROOT / "harness" / name for name in _HARNESS_FILES]
-    return _digest(*(f"{path.relative_to(_ROOT)}:{_file_digest(str(path))}" for path in files))
+def code_digest(root: Path = _ROOT) -> str:
+    """The exporter package and the result-shaping harness files under ``root``, hashed together."""
+    files = sorted((root / "exporters").rglob("*.py")) + [root / "harness" / name for name in _HARNESS_FILES]
+    return _digest(*(f"{path.relative_to(root)}:{_file_digest(path)}" for path in files))
 
 
 @cache
@@ -57,30 +56,37 @@ def _versions_digest() -> str:
     return _digest(json.dumps(package_versions(), sort_keys=True))
 
 
-def _class_sources(module: str) -> list[Path]:
-    """The modeling file that defines the class and the configuration file(s) beside it."""
+def transformers_root() -> Path:
     import importlib.util
 
-    spec = importlib.util.find_spec(f"transformers.{module}") if module else None
-    if spec is None or spec.origin is None:
+    return Path(importlib.util.find_spec("transformers").origin).parent
+
+
+def _class_sources(module: str, root: Path) -> list[Path]:
+    """The modeling file that defines the class and the configuration file(s) beside it."""
+    if not module:
         return []
-    modeling = Path(spec.origin)
+    modeling = root.joinpath(*module.split(".")).with_suffix(".py")
     return [modeling, *sorted(modeling.parent.glob("configuration_*.py"))]
 
 
 class ResultCache:
-    def __init__(self, directory: Path | None = None, registry=None):
+    """``code_root`` (our package) and ``source_root`` (transformers) are where the hashed files are read."""
+
+    def __init__(self, directory: Path | None = None, registry=None, code_root: Path = _ROOT,
+                 source_root: Path | None = None):  # fmt: skip
         self.directory = Path(directory) if directory else default_cache_dir()
         self.results = self.directory / "results"
         self.registry = registry
+        self.source_root = source_root or transformers_root()
         self._class_keys: dict[str, str] = {}
-        self._code = code_digest()
+        self._code = code_digest(code_root)
         self.hits = 0
 
     def class_key(self, model) -> str:
         """The part of the key every cell of one class shares."""
         if model.name not in self._class_keys:
-            sources = [f"{path.name}:{_file_digest(str(path))}" for path in _class_sources(model.module)]
+            sources = [f"{path.name}:{_file_digest(path)}" for path in _class_sources(model.module, self.source_root)]
             try:
                 from .tiny import tiny_config
 

@@ -1,0 +1,106 @@
+"""Incremental sweeps: a record is reused until something it depends on changes, and only the cells that depend
+on the change are invalidated. The files hashed are real copies, edited for real."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from harness.cache import ResultCache, transformers_root
+from harness.cells import Cell
+from harness.models import select
+from registry import Registry
+
+ROOT = Path(__file__).resolve().parents[2]
+CLASSES = ["BertModel", "BertForMaskedLM", "GPT2Model"]
+
+
+def _cells():
+    return [Cell(model, backend, shape) for model in select(",".join(CLASSES))
+            for backend in ("dynamo", "onnx") for shape in ("static", "dynamic")]  # fmt: skip
+
+
+def _keys(cache):
+    return {cell.id: cache.key(cell) for cell in _cells()}
+
+
+def _copies(tmp_path):
+    """Our code and the two model folders, copied: edits below touch only the copies."""
+    code = tmp_path / "code"
+    shutil.copytree(ROOT / "exporters", code / "exporters", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "harness", code / "harness", ignore=shutil.ignore_patterns("__pycache__"))
+    models = tmp_path / "transformers"
+    for folder in ("bert", "gpt2"):
+        shutil.copytree(transformers_root() / "models" / folder, models / "models" / folder,
+                        ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    return code, models
+
+
+def _append(path: Path, text: str):
+    path.write_text(path.read_text() + text)
+
+
+def test_keys_are_stable_and_distinct(tmp_path):
+    code, models = _copies(tmp_path)
+    first = _keys(ResultCache(tmp_path, code_root=code, source_root=models))
+    second = _keys(ResultCache(tmp_path, code_root=code, source_root=models))
+    assert first == second
+    assert len(set(first.values())) == len(first), "every cell has its own key"
+
+
+def test_a_changed_modeling_file_invalidates_exactly_that_class(tmp_path):
+    code, models = _copies(tmp_path)
+    before = _keys(ResultCache(tmp_path, code_root=code, source_root=models))
+    _append(models / "models" / "gpt2" / "modeling_gpt2.py", "\n# a change\n")
+    after = _keys(ResultCache(tmp_path, code_root=code, source_root=models))
+    changed = {cell for cell in before if before[cell] != after[cell]}
+    assert changed == {cell for cell in before if cell.startswith("GPT2Model-")}
+
+
+def test_a_changed_configuration_file_invalidates_every_class_of_that_model(tmp_path):
+    code, models = _copies(tmp_path)
+    before = _keys(ResultCache(tmp_path, code_root=code, source_root=models))
+    _append(models / "models" / "bert" / "configuration_bert.py", "\n# a change\n")
+    after = _keys(ResultCache(tmp_path, code_root=code, source_root=models))
+    changed = {cell.split("-")[0] for cell in before if before[cell] != after[cell]}
+    assert changed == {"BertModel", "BertForMaskedLM"}
+
+
+def test_a_changed_exporter_file_invalidates_every_cell(tmp_path):
+    code, models = _copies(tmp_path)
+    before = _keys(ResultCache(tmp_path, code_root=code, source_root=models))
+    _append(code / "exporters" / "exporter_onnx.py", "\n# a change\n")
+    after = _keys(ResultCache(tmp_path, code_root=code, source_root=models))
+    assert all(before[cell] != after[cell] for cell in before)
+
+
+def test_a_registry_entry_invalidates_its_class_only(tmp_path):
+    code, models = _copies(tmp_path)
+    empty = tmp_path / "empty.toml"
+    empty.write_text("# nothing\n")
+    with_entry = tmp_path / "entry.toml"
+    with_entry.write_text('[[EXPORT_SKIPS]]\nmodel = "GPT2Model"\nscope = "onnx"\nreason = "r"\n'
+                          'url = "https://github.com/pytorch/pytorch/issues/1"\n')  # fmt: skip
+    before = _keys(ResultCache(tmp_path, Registry.load(empty), code_root=code, source_root=models))
+    after = _keys(ResultCache(tmp_path, Registry.load(with_entry), code_root=code, source_root=models))
+    assert {cell.split("-")[0] for cell in before if before[cell] != after[cell]} == {"GPT2Model"}
+
+
+def test_a_second_run_reuses_every_cell_and_marks_it(tmp_path):
+    command = [sys.executable, "-m", "harness.cli", "run", "--models", "BertModel,GPT2Model", "--backends", "dynamo",
+               "--shapes", "static", "--jobs", "1", "--cache-dir", str(tmp_path / "cache"), "--no-report"]  # fmt: skip
+    first = subprocess.run([*command, "--out", str(tmp_path / "first")], cwd=ROOT, capture_output=True, text=True,
+                           timeout=600)  # fmt: skip
+    assert first.returncode == 0, first.stderr[-2000:]
+    second = subprocess.run([*command, "--out", str(tmp_path / "second")], cwd=ROOT, capture_output=True, text=True,
+                            timeout=600)  # fmt: skip
+    assert second.returncode == 0, second.stderr[-2000:]
+    from harness import RunStore
+
+    records = RunStore(tmp_path / "second").records()
+    assert len(records) == 2 and all(record.reused and record.cache_key for record in records)
+    assert not any(record.reused for record in RunStore(tmp_path / "first").records())
+    forced = subprocess.run([*command, "--out", str(tmp_path / "third"), "--no-cache"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=600)  # fmt: skip
+    assert forced.returncode == 0
+    assert not any(record.reused for record in RunStore(tmp_path / "third").records())
