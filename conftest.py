@@ -21,6 +21,7 @@ def pytest_addoption(parser):
     group.addoption("--backends", default="dynamo,onnx,executorch", help="sweep backends (comma-separated)")
     group.addoption("--shapes", default="static,dynamic", help="sweep shape modes: static,dynamic,generate")
     group.addoption("--shard", help="sweep shard i/N, balanced by the previous run's class times")
+    group.addoption("--shard-weights", help="run folder whose class times balance the shards")
     group.addoption("--sweep-out", help="sweep run folder (default runs/<date-time>)")
     group.addoption("--sweep-resume", action="store_true", help="continue the run in --sweep-out")
     group.addoption("--sweep-timeout", type=float, default=600.0, help="seconds per cell")

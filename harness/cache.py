@@ -132,34 +132,28 @@ class ResultCache:
         write_json_atomic(self._path(key), record.to_dict())
 
     def save_from(self, run_store) -> int:
-        """Cache every fresh record of a run, and remember per-class times for shard balancing."""
+        """Cache every fresh record of a run."""
         from .cells import Cell
         from .models import all_model_classes
 
         classes = all_model_classes()
-        saved, timings = 0, load_timings(self.directory)
+        saved = 0
         for record in run_store.records():
             model = classes.get(record.model_class)
-            if model is None:
-                continue
-            timings.setdefault(record.model_class, {})[f"{record.backend}-{record.shape_mode}"] = record.seconds
-            if not record.reused and record.status not in NOT_CACHED:
+            if model is not None and not record.reused and record.status not in NOT_CACHED:
                 self.store(Cell(model, record.backend, record.shape_mode), record)
                 saved += 1
-        write_json_atomic(self.directory / "timings.json", timings)
         return saved
 
 
-def load_timings(directory: Path | None = None) -> dict[str, dict[str, float]]:
-    path = (Path(directory) if directory else default_cache_dir()) / "timings.json"
-    if not path.is_file():
+def class_weights(run: Path | None) -> dict[str, float]:
+    """Seconds per class in a finished run: what shards are balanced by. Every shard of a sweep must read the same
+    run, or the shards would overlap; without one, shards are balanced by class count."""
+    if run is None:
         return {}
-    try:
-        return read_json(path)
-    except ValueError:
-        return {}
+    from .store import RunStore
 
-
-def class_weights(directory: Path | None = None) -> dict[str, float]:
-    """Seconds per class in the last run that measured it: what shards are balanced by."""
-    return {name: sum(cells.values()) for name, cells in load_timings(directory).items()}
+    weights: dict[str, float] = {}
+    for record in RunStore(run).records():
+        weights[record.model_class] = weights.get(record.model_class, 0.0) + (record.seconds or 0.0)
+    return weights

@@ -37,6 +37,7 @@ def add_selection_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tasks", type=_list, help="only classes in these tasks, e.g. causal-lm,image-classification")
     parser.add_argument("--limit", type=int, help="at most this many classes")
     parser.add_argument("--shard", help="run shard i of N (i/N), balanced by the previous run's class times")
+    parser.add_argument("--shard-weights", type=Path, help="run folder whose class times balance the shards")
     parser.add_argument("--registry", type=Path, help="another registry file (default: registry/known_issues.toml)")
 
 
@@ -124,7 +125,7 @@ def select_classes(args):
         index, count = parse_shard(args.shard)
         from .cache import class_weights
 
-        classes = shard(classes, index, count, class_weights())
+        classes = shard(classes, index, count, class_weights(getattr(args, "shard_weights", None)))
     return classes
 
 

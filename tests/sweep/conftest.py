@@ -15,6 +15,7 @@ def _selection(config):
         models = config.getoption("--sweep")
         model_types = tasks = limit = None
         shard = config.getoption("--shard")
+        shard_weights = config.getoption("--shard-weights")
 
     backends = [b for b in config.getoption("--backends").split(",") if b]
     shapes = [s for s in config.getoption("--shapes").split(",") if s]
