@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=float, default=600.0, help="seconds per cell before it is killed (default 600)")
     run.add_argument("--memory-cap", type=float, help="MB of resident memory per worker before it is killed")
     run.add_argument("--resume", action="store_true", help="continue the run in --out, skipping finished cells")
+    run.add_argument("--rerun", type=_csv(("fail", "timeout", "crash", "oom", "unavailable", "skip")), default=(),
+                     help="with --resume, run again the cells that ended with these statuses, e.g. timeout,crash")
     run.add_argument("--list", action="store_true", help="print the selected classes and their count, run nothing")
     run.add_argument("--no-cache", action="store_true", help="run every cell, even when an earlier result still holds")
     run.add_argument("--cache-dir", type=Path, help="where reusable results live (default ~/.cache/export-sweep)")
@@ -164,7 +166,10 @@ def execute_run(args, classes) -> int:
         "argv": sys.argv[1:],
     }  # fmt: skip
     store.create(options, resume=args.resume)
-    plan = Plan(classes, tuple(args.backends), tuple(args.shapes), done=store.cell_ids() if args.resume else set())
+    done = set()
+    if args.resume:
+        done = {record.cell_id for record in store.records() if record.status not in args.rerun}
+    plan = Plan(classes, tuple(args.backends), tuple(args.shapes), done=done)
     jobs = max(1, args.jobs)
     print(
         f"export-sweep: {len(classes)} classes, {plan.total} cells to run "
