@@ -32,6 +32,7 @@ from .utils import (
     apply_patches,
     named_leaves,
     register_patch,
+    report_applied,
     spec_leaf_names,
     split_inputs,
 )
@@ -61,8 +62,10 @@ class DynamoExported(Exported):
     def _run(self, feed):
         args, kwargs = _pytree.tree_unflatten(feed, self.program.call_spec.in_spec)
         with torch.no_grad():
-            outputs = named_leaves(self._runtime()(*args, **kwargs))
-        return [outputs[name] for name in self.output_names]
+            outputs = self._runtime()(*args, **kwargs)
+        # by position, as the program's output spec lists them: a leaf the trace fixed to a number (a sliding
+        # window's position counter) comes back as that number, not as a tensor to find by name
+        return _pytree.tree_leaves(outputs)
 
     def _save_program(self, path: Path) -> None:
         torch.export.save(self.program, str(path))
@@ -165,6 +168,21 @@ def _patch_nllb_moe_classifier_cast(_original):
         return None
 
     return skip_cast
+
+
+@register_patch("dynamo", "transformers.integrations.moe.ExpertsInterface.get_interface", reports=True)
+def _patch_experts_batched_mm(original):
+    """Mixture-of-experts layers default to `grouped_mm`, which on CPU is a custom op (`transformers::
+    grouped_mm_fallback`) that neither ONNX nor ExecuTorch can lower, fed by `torch.histc` counts ExecuTorch has
+    no kernel for. The `batched_mm` implementation computes the same sum with plain batched matmuls."""
+
+    def get_interface(self, experts_implementation, default):
+        if experts_implementation == "grouped_mm":
+            experts_implementation = "batched_mm"
+            report_applied()
+        return original(self, experts_implementation, default)
+
+    return get_interface
 
 
 @register_patch("dynamo", "transformers.models.nllb_moe.modeling_nllb_moe.NllbMoeExperts.forward")

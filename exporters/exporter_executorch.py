@@ -34,6 +34,7 @@ from .utils import (
     register_fx_node_fix,
     register_fx_program_fix,
     register_patch,
+    report_applied,
 )
 
 _BACKEND_PREPARE = EXECUTORCH_BACKENDS
@@ -170,6 +171,7 @@ def _dynamic_axes(node) -> int:
     "executorch",
     "executorch.backends.xnnpack.partition.config.gemm_configs.ConvolutionConfig.check_constraints",
     "executorch.backends.xnnpack.partition.config.generic_node_configs.UnsqueezeCopyConfig.check_constraints",
+    reports=True,
 )
 def _patch_xnnpack_reshape_dynamic_axes(original):
     """XNNPACK takes a 1-D convolution (it wraps it in unsqueeze/squeeze) or an unsqueeze with two dynamic axes,
@@ -178,8 +180,10 @@ def _patch_xnnpack_reshape_dynamic_axes(original):
 
     def check_constraints(self, node, exported_program):
         source = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else node
+        unsqueeze = "unsqueeze" in str(node.target)
         is_1d = len(getattr(source.meta.get("val"), "shape", ())) == 3
-        if is_1d and max(_dynamic_axes(source), _dynamic_axes(node)) > 1:
+        if (unsqueeze or is_1d) and max(_dynamic_axes(source), _dynamic_axes(node)) > 1:
+            report_applied()
             return False
         return original(self, node, exported_program)
 

@@ -15,6 +15,7 @@ Fixes return whether they changed anything, so each export records the workaroun
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import importlib
 import importlib.util
@@ -147,6 +148,7 @@ class Patch:
     backend: str
     paths: tuple[str, ...]
     factory: Callable[[Any], Any]
+    reports: bool = False  # the replacement calls report_applied() itself, when it changes something
 
     @property
     def name(self) -> str:
@@ -158,8 +160,12 @@ _PATCHES: dict[str, list[Patch]] = {backend: [] for backend in BACKENDS}
 _INSTALLED: dict[tuple[int, str], int] = {}
 
 
-def register_patch(backend: str, *paths: str):
-    """Register ``factory(original) -> replacement`` for every dotted path, installed while ``backend`` traces."""
+def register_patch(backend: str, *paths: str, reports: bool = False):
+    """Register ``factory(original) -> replacement`` for every dotted path, installed while ``backend`` traces.
+
+    A patch counts as applied when its replacement runs; with ``reports=True`` only when the replacement calls
+    ``report_applied()``, for replacements that mostly hand over to the original.
+    """
     check_backend(backend)
     if not paths:
         raise ValueError(f"register_patch({backend!r}) needs at least one dotted path")
@@ -168,13 +174,20 @@ def register_patch(backend: str, *paths: str):
             raise PatchPathError(f"{backend} patch: {path!r} is not a dotted path like 'torch.where'")
 
     def decorator(factory):
-        _PATCHES[backend].append(Patch(backend, paths, factory))
+        _PATCHES[backend].append(Patch(backend, paths, factory, reports))
         return factory
 
     return decorator
 
 
+def load_registrations() -> None:
+    """Import the exporter modules, whose decorators fill the registry (the package imports them lazily)."""
+    for module in ("exporter_dynamo", "exporter_onnx", "exporter_executorch"):
+        importlib.import_module(f"{__package__}.{module}")
+
+
 def registered_patches(backend: str) -> list[Patch]:
+    load_registrations()
     return list(_PATCHES[check_backend(backend)])
 
 
@@ -202,15 +215,31 @@ def resolve_path(path: str) -> tuple[Any, str]:
     return owner, parts[-1]
 
 
-def _counting(replacement: Any, name: str, fired: set[str]) -> Any:
+_REPORTING: contextvars.ContextVar[tuple[str, set[str]] | None] = contextvars.ContextVar("patch", default=None)
+
+
+def report_applied() -> None:
+    """Called by a ``reports=True`` replacement when it did change something."""
+    current = _REPORTING.get()
+    if current is not None:
+        current[1].add(current[0])
+
+
+def _counting(replacement: Any, patch: Patch, fired: set[str]) -> Any:
     if not inspect.isfunction(replacement):
-        fired.add(name)
+        fired.add(patch.name)
         return replacement
 
     @functools.wraps(replacement)
     def counted(*args, **kwargs):
-        fired.add(name)
-        return replacement(*args, **kwargs)
+        if not patch.reports:
+            fired.add(patch.name)
+            return replacement(*args, **kwargs)
+        token = _REPORTING.set((patch.name, fired))
+        try:
+            return replacement(*args, **kwargs)
+        finally:
+            _REPORTING.reset(token)
 
     return counted
 
@@ -247,7 +276,7 @@ def _install(patch: Patch, path: str, fired: set[str]) -> Callable[[], None]:
         raise PatchPathError(f"{patch.backend} patch {patch.name}: {error}") from None
     raw = inspect.getattr_static(owner, attribute)
     had_own = attribute in vars(owner)
-    replacement = _counting(patch.factory(getattr(owner, attribute)), patch.name, fired)
+    replacement = _counting(patch.factory(getattr(owner, attribute)), patch, fired)
     if isinstance(raw, staticmethod):
         replacement = staticmethod(replacement)
     elif isinstance(raw, classmethod):
@@ -268,6 +297,7 @@ def _install(patch: Patch, path: str, fired: set[str]) -> Callable[[], None]:
 
 def check_patch_paths(backend: str | None = None) -> list[str]:
     """Every registered path that does not resolve, as readable lines (empty when all resolve)."""
+    load_registrations()
     problems = []
     for name in [backend] if backend else BACKENDS:
         for patch in _PATCHES[check_backend(name)]:
@@ -369,6 +399,8 @@ def register_executorch_backend(name: str):
 def workarounds(backend: str) -> dict[str, list[str]]:
     """Every registered workaround of ``backend`` by kind, with the first line of its docstring."""
 
+    load_registrations()
+
     def describe(function) -> str:
         doc = (function.__doc__ or "").strip().splitlines()
         return f"{function.__name__}: {doc[0]}" if doc else function.__name__
@@ -390,6 +422,7 @@ def workarounds(backend: str) -> dict[str, list[str]]:
 @contextmanager
 def disabled_workarounds(*names: str) -> Iterator[None]:
     """Unregister the named workarounds inside the block: shows whether a model still needs them."""
+    load_registrations()
     tables: list[list] = [*_PATCHES.values(), *_FX_NODE_FIXES.values(), *_FX_PROGRAM_FIXES.values(), ONNX_IR_FIXES]
 
     def name_of(entry) -> str:

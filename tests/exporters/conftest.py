@@ -85,7 +85,31 @@ def _nllb_moe():
     }
 
 
+def _qwen2_moe():
+    config = transformers.Qwen2MoeConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
+        shared_expert_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        num_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
+    )  # fmt: skip
+    return transformers.Qwen2MoeForCausalLM(config), _text
+
+
+def _wav2vec2_classifier():
+    config = transformers.Wav2Vec2Config(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+        conv_dim=(32, 32, 32), conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3), num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=2, num_labels=3,
+    )  # fmt: skip
+
+    def inputs(batch, length):
+        return {"input_values": torch.randn(batch, 400 * length) * 0.1}
+
+    return transformers.Wav2Vec2ForSequenceClassification(config), inputs
+
+
 TINY_MODELS = {
+    "Qwen2MoeForCausalLM": _qwen2_moe,
+    "Wav2Vec2ForSequenceClassification": _wav2vec2_classifier,
     "LlamaForCausalLM": _llama,
     "BertModel": _bert,
     "ViTForImageClassification": _vit,

@@ -89,3 +89,28 @@ def test_bare_tensor_output_is_named_output():
     exported = exporters.OnnxExporter().export(Double(), {"x": torch.ones(2)})
     assert exported.output_names == ["output"]
     assert exporters.named_leaves(Double()(torch.ones(2))).keys() == {"output"}
+
+
+def test_mixture_of_experts_runs_batched_matmuls_for_export(tiny):
+    model = tiny("Qwen2MoeForCausalLM")
+    exported = _export(model, "onnx")
+    assert "_patch_experts_batched_mm" in exported.applied
+    assert_parity(exported(**model.inputs["A"]), model.expected["A"], TOLERANCE["onnx"])
+    with disabled_workarounds("_patch_experts_batched_mm"):
+        with pytest.raises(exporters.OnnxExportError, match="grouped_mm_fallback"):
+            _export(model, "onnx")
+
+
+def test_dense_models_do_not_report_the_experts_patch(tiny):
+    assert "_patch_experts_batched_mm" not in _export(tiny("LlamaForCausalLM"), "dynamo").applied
+
+
+def test_xnnpack_leaves_1d_convolutions_with_two_dynamic_axes_to_portable_kernels(tiny):
+    model = tiny("Wav2Vec2ForSequenceClassification")
+    exported = _export(model, "executorch", dynamic=True)
+    assert "_patch_xnnpack_reshape_dynamic_axes" in exported.applied
+    assert_parity(exported(**model.inputs["B"]), model.expected["B"], TOLERANCE["executorch"])
+    assert "_patch_xnnpack_reshape_dynamic_axes" not in _export(model, "executorch").applied, "static: not needed"
+    with disabled_workarounds("_patch_xnnpack_reshape_dynamic_axes"):
+        with pytest.raises(exporters.ExecutorchExportError, match="XNNPACK reshape only supports 1 dynamic"):
+            _export(model, "executorch", dynamic=True)
