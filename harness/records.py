@@ -114,12 +114,14 @@ _SIGNATURE_RULES = [
 
 def error_signature(stage: str, error_type: str | None, message: str | None) -> str:
     """A normalized one-line key for bucketing: numbers, paths, class names and shapes become placeholders."""
-    text = (message or "").strip().splitlines()
-    first = next((line for line in text if line.strip()), "")
+    lines = [line.strip() for line in (message or "").strip().splitlines() if line.strip()]
+    first = lines[0] if lines else ""
     # Exporters prefix "[backend:stage] Type: "; the bucket already has both.
     if re.match(r"^\[[\w-]+:[\w-]+\]", first):  # "[onnx:run] TypeName: message" from an exporter
         first = re.sub(r"^\[[\w-]+:[\w-]+\]\s*(\w+:\s*)?", "", first)
     first = re.sub(r"^\w+(Error|Exception)\w*:\s*", "", first)
+    if not first.strip(": ") and len(lines) > 1:  # "SpecViolationError:" alone: the reason is on the next line
+        first = lines[1]
     for pattern, replacement in _SIGNATURE_RULES:
         first = pattern.sub(replacement, first)
     return f"{stage}: {error_type or 'Error'}: {first.strip()[:200]}"
