@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -104,7 +105,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stop(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv: list[str] | None = None) -> int:
+    # A stop request (Ctrl-C, a CI job cancelled with SIGTERM, also when started in the background with SIGINT
+    # ignored) ends the sweep cleanly: workers are closed and every finished cell stays on disk.
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
     parser = build_parser()
     args = parser.parse_args(argv)
     handlers = {"run": cmd_run, "show": cmd_show, "merge": cmd_merge, "report": cmd_report, "registry": cmd_registry,
