@@ -289,8 +289,36 @@ _TIME_SERIES = {  # covariates of probabilistic forecasters, sized like the seri
     if "past_values" in c.inputs_so_far else None,
 }
 
+ENTITIES = 2
+
+
+def _entity_ids(context: Context) -> torch.Tensor:
+    vocab = context.get("entity_vocab_size", 8)
+    return torch.randint(1, max(2, vocab), (context.batch, ENTITIES), generator=context.generator)
+
+
+def _entity_positions(context: Context) -> torch.Tensor:
+    """Each entity mentions one token; the rest of the mention slots are padding (-1)."""
+    width = context.get("max_mention_length", 4)
+    positions = torch.full((context.batch, ENTITIES, width), -1, dtype=torch.long)
+    positions[:, :, 0] = torch.arange(ENTITIES) + 1
+    return positions
+
+
+_ENTITIES = {  # LUKE: entities next to the words
+    "entity_ids": _entity_ids,
+    "entity_attention_mask": lambda c: torch.ones(c.batch, ENTITIES, dtype=torch.long),
+    "entity_token_type_ids": lambda c: torch.zeros(c.batch, ENTITIES, dtype=torch.long),
+    "entity_position_ids": _entity_positions,
+    "entity_start_positions": lambda c: torch.arange(ENTITIES).expand(c.batch, -1) + 1,
+    "entity_end_positions": lambda c: torch.arange(ENTITIES).expand(c.batch, -1) + 1,
+}
+
 _RULES: dict[str, Callable[[Context], Any]] = {
     **_TRAJECTORY,
+    **_ENTITIES,
+    "spkr_id": lambda context: torch.zeros(context.batch, 1, dtype=torch.long),
+    "lang_id": lambda context: torch.zeros(context.batch, 1, dtype=torch.long),
     **_TIME_SERIES,
     "image_sizes": _image_sizes,
     "grid_thw": _grid_thw,
@@ -318,7 +346,7 @@ _RULES: dict[str, Callable[[Context], Any]] = {
 
 # Filled whenever the forward takes them, required or not: callers pass them, and they switch on code paths.
 _ALWAYS = ("attention_mask", "token_type_ids", "decoder_input_ids", "pixel_values", "bbox", "noise", "lang_ids",
-           "visual_feats", "visual_pos", "image_attention_mask", *_TRAJECTORY)
+           "visual_feats", "visual_pos", "image_attention_mask", *_TRAJECTORY, *_ENTITIES)
 
 
 def _parameters(model) -> dict[str, inspect.Parameter]:

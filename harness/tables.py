@@ -71,7 +71,10 @@ TINY_OVERRIDES: dict[str, dict] = {
     "levit": {"patch_size": 16, "image_size": 64},
     # axial position embeddings: the two dims sum to hidden_size, the shape multiplies to the positions
     "reformer": {"axial_pos_embds_dim": [16, 16], "axial_pos_shape": [8, 16], "lsh_attn_chunk_length": 4,
-                 "local_attn_chunk_length": 4, "is_decoder": True},
+                 "local_attn_chunk_length": 4, "hash_seed": 0},
+    # its last convolution is sized round_filters(1280) by the code: width and hidden_dim must agree with it
+    "efficientnet": {"width_coefficient": 0.25, "depth_coefficient": 0.5, "hidden_dim": 320,
+                     "in_channels": [32, 16, 24, 40, 80, 112, 192], "out_channels": [16, 24, 40, 80, 112, 192, 320]},
     # the projector maps a known patch count to a query count: 16 patches of a tiny image to 4 queries
     "aria": {"projector_patch_to_query_dict": {16: 4}},
 }
@@ -79,6 +82,7 @@ TINY_OVERRIDES: dict[str, dict] = {
 # model type -> feature extractor class, where the auto mapping names one that does not make this model's inputs.
 FEATURE_EXTRACTOR_OVERRIDES: dict[str, str] = {
     "wav2vec2-bert": "SeamlessM4TFeatureExtractor",  # mapped to Wav2Vec2's raw-audio extractor; takes stacked mels
+    "neucodec": "SeamlessM4TFeatureExtractor",  # its semantic encoder is a wav2vec2-bert
 }
 
 # model type -> how it takes pixels, where its forward signature does not say: "patches" (flattened patches,

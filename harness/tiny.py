@@ -423,7 +423,14 @@ def tiny_config(model_class):
     """The tiny config of a ``ModelClass``: its config class' defaults, shrunk, then its model type's
     ``TINY_OVERRIDES`` row."""
     config_class = getattr(model_class.load(), "config_class", None) or model_class.config_class()
-    return config_class(**shrink(config_class(), TINY_OVERRIDES.get(model_class.model_type)))
+    overrides = dict(TINY_OVERRIDES.get(model_class.model_type, {}))
+    fields = _init_fields(config_class)
+    # what the class' name says about the config it needs
+    if "is_decoder" in fields and model_class.name.endswith(("ForCausalLM", "LMHeadModel", "WithLMHead")):
+        overrides.setdefault("is_decoder", True)
+    if "is_encoder_decoder" in fields and model_class.name.endswith("EncoderModel"):
+        overrides.setdefault("is_encoder_decoder", False)
+    return config_class(**shrink(config_class(), overrides))
 
 
 def special_token_ids(config) -> set[int]:
