@@ -24,6 +24,7 @@ NUM_CHOICES = 2
 MODALITY_INPUTS = {
     "pixel_values": "image",
     "pixel_values_videos": "video",
+    "pixel_values_videos": "video",
     "input_features": "audio",
     "input_values": "audio",
     "flattened_patches": "image",
@@ -92,6 +93,9 @@ def _pixel_values(context: Context) -> torch.Tensor:
     layout = PIXEL_LAYOUTS.get(context.config.model_type)
     if layout == "patches" or "spatial_shapes" in context.parameters:
         return _patch_pixels(context)
+    if layout == "tiles":  # the base image plus one tile, with the image size the tiles were cut from
+        context.inputs_so_far["image_sizes"] = _image_sizes(context)
+        return context.randn(context.batch, 2, *_image_shape(context))
     if layout == "images" or {"pixel_attention_mask", "image_attention_mask"} & set(context.parameters):
         pixels = context.randn(context.batch, 1, *_image_shape(context))
         if "pixel_attention_mask" in context.parameters:
@@ -100,7 +104,8 @@ def _pixel_values(context: Context) -> torch.Tensor:
     frames = getattr(context.sub("vision_config"), "num_frames", None) or getattr(context.config, "num_frames", None)
     if "KeypointMatching" in name:  # an image pair
         return context.randn(context.batch, 2, *_image_shape(context))
-    if frames and ("video" in context.label_hint or _int_attr(context.config, "tubelet_size") or "Video" in name or "Vivit" in name or "Timesformer" in name):
+    if frames and (_int_attr(context.config, "tubelet_size") or "Video" in name or "Vivit" in name or "Timesformer" in name):
+        context.label_hint = "video"
         return context.randn(context.batch, frames, *_image_shape(context))
     return context.randn(context.batch, *_image_shape(context))
 
@@ -182,6 +187,9 @@ def _noise(context: Context) -> torch.Tensor:
 
 
 def _input_ids(context: Context) -> torch.Tensor:
+    codes = getattr(context.config, "n_codes_total", None)
+    if isinstance(codes, int) and "codebook_idx" in context.parameters:  # Bark's fine model: every codebook at once
+        return torch.stack([context.tokens() for _ in range(codes)], dim=-1)
     codebooks = getattr(context.config, "num_codebooks", None)
     if isinstance(codebooks, int) and codebooks > 1 and "decoder_input_ids" not in context.parameters:
         # audio-code decoders (MusicGen) take one row per codebook: (batch * codebooks, length)
@@ -254,6 +262,21 @@ def _hidden_states(context: Context) -> torch.Tensor:
     return context.randn(context.batch, context.length, width)
 
 
+def _video(context: Context) -> torch.Tensor:
+    context.label_hint = "video"
+    return context.randn(context.batch, 4, *_image_shape(context))
+
+
+def _global_attention_mask(context: Context) -> torch.Tensor | None:
+    """Longformer: the first token attends globally (question answering would otherwise look for separators)."""
+    ids = context.inputs_so_far.get("input_ids")
+    if ids is None:
+        return None
+    mask = torch.zeros(ids.shape[:2], dtype=torch.long)
+    mask[:, 0] = 1
+    return mask
+
+
 def _spectrogram(context: Context) -> torch.Tensor:
     """Vocoders (HiFi-GAN) turn (batch, frames, mel bins) into audio."""
     return context.randn(context.batch, 4 * context.length, context.get("model_in_dim", 80))
@@ -324,7 +347,12 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     "grid_thw": _grid_thw,
     "hidden_states": _hidden_states,
     "spectrogram": _spectrogram,
-    "inputs": _raw_audio,  # speech encoder-decoders' encoder input
+    # speech encoder-decoders' encoder input; Perceiver names its main input so too, but reads token ids there
+    "inputs": lambda context: None if {"input_ids", "pixel_values"} & set(context.parameters) else _raw_audio(context),
+    "pixel_values_videos": _video,
+    "speaker_embeddings": lambda context: context.randn(context.batch, context.get("speaker_embedding_dim", 512)),
+    "decoder_input_values": lambda context: context.randn(context.batch, 4, context.get("num_mel_bins", 80)),
+    "global_attention_mask": _global_attention_mask,
     "noise": _noise,
     "image_attention_mask": lambda context: torch.ones(*context.inputs_so_far["input_ids"].shape[:2], 1, dtype=torch.long)
     if "input_ids" in context.inputs_so_far else None,
@@ -346,7 +374,7 @@ _RULES: dict[str, Callable[[Context], Any]] = {
 
 # Filled whenever the forward takes them, required or not: callers pass them, and they switch on code paths.
 _ALWAYS = ("attention_mask", "token_type_ids", "decoder_input_ids", "pixel_values", "bbox", "noise", "lang_ids",
-           "visual_feats", "visual_pos", "image_attention_mask", *_TRAJECTORY, *_ENTITIES)
+           "visual_feats", "visual_pos", "image_attention_mask", "global_attention_mask", *_TRAJECTORY, *_ENTITIES)
 
 
 def _parameters(model) -> dict[str, inspect.Parameter]:
@@ -389,12 +417,11 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
     if type(model).__name__.endswith("ForSequenceClassification") and isinstance(eos, int) and "input_ids" in inputs:
         inputs["input_ids"][:, -1] = eos  # encoder-decoder classifiers pool the hidden state at <eos>
     if type(model).__name__.endswith("ForMultipleChoice"):  # every sample is NUM_CHOICES sequences
-        for name in ("input_ids", "attention_mask", "token_type_ids"):
+        for name in ("input_ids", "attention_mask", "token_type_ids", "global_attention_mask"):
             if name in inputs:
                 inputs[name] = inputs[name].unsqueeze(1).expand(-1, NUM_CHOICES, -1).contiguous()
     modalities = [MODALITY_INPUTS[name] for name in inputs if name in MODALITY_INPUTS]
-    pixels = inputs.get("pixel_values")
-    if pixels is not None and pixels.dim() == 5 and pixels.shape[1] > 1 and "KeypointMatching" not in type(model).__name__:
+    if context.label_hint == "video":
         modalities = ["video" if m == "image" else m for m in modalities]
     if "input_ids" in inputs or "decoder_input_ids" in inputs:
         modalities.insert(0, "text")
@@ -466,4 +493,5 @@ def _place_image_tokens(context: Context, inputs: dict) -> None:
 
 def _takes_text(model) -> bool:
     """Multimodal models whose main input is an image or audio but that also read text (CLIP, Whisper decoders)."""
-    return bool(getattr(model.config, "text_config", None)) or "vocab_size" in vars(model.config)
+    config = vars(model.config)
+    return bool(config.get("text_config")) or any(key.endswith("vocab_size") for key in config)

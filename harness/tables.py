@@ -77,6 +77,23 @@ TINY_OVERRIDES: dict[str, dict] = {
                      "in_channels": [32, 16, 24, 40, 80, 112, 192], "out_channels": [16, 24, 40, 80, 112, 192, 320]},
     # the projector maps a known patch count to a query count: 16 patches of a tiny image to 4 queries
     "aria": {"projector_patch_to_query_dict": {16: 4}},
+    # the depth head's bottleneck is a fixed 256 channels unless said otherwise
+    "zoedepth": {"bottleneck_features": 32},
+    # the last layers read keys and values shared from earlier ones: with two layers, none may share
+    "gemma3n_text": {"num_kv_shared_layers": 0},
+    "gemma3n": {"text_config.num_kv_shared_layers": 0},
+    # one rotary setting per attention kind, which the empty default does not give
+    "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
+    "cohere_compass": {"text_config.rope_parameters": {
+        "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
+    # any-resolution models tile an image on a grid of pinpoints: one tile the size of the tiny image
+    "llava_next": {"image_grid_pinpoints": [[32, 32]]},
+    "llava_next_video": {"image_grid_pinpoints": [[32, 32]]},
+    "llava_onevision": {"image_grid_pinpoints": [[32, 32]]},
+    # feature map sizes of a 1024-pixel image at strides 4, 8 and 16: those of the tiny one instead
+    "sam2_vision_model": {"backbone_feature_sizes": [[8, 8], [4, 4], [2, 2]]},
 }
 
 # model type -> feature extractor class, where the auto mapping names one that does not make this model's inputs.
@@ -89,6 +106,10 @@ FEATURE_EXTRACTOR_OVERRIDES: dict[str, str] = {
 # batch x patches x C*P*P) or "images" (a list of images per sample, batch x 1 x C x H x W).
 PIXEL_LAYOUTS: dict[str, str] = {
     "fuyu": "patches",  # a linear layer over raw patches instead of a vision tower
+    # any-resolution: the base image and its tiles, batch x (1 + tiles) x C x H x W
+    "llava_next": "tiles",
+    "llava_next_video": "tiles",
+    "llava_onevision": "tiles",
 }
 
 # model class -> {"atol": ..., "rtol": ..., "backends": [...], "reason": ...}: a tolerance wider than the default,
