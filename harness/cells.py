@@ -145,8 +145,14 @@ class ClassContext:
                 "fail", f"eager outputs change between two calls with the same inputs (random sampling in forward): "
                 f"{', '.join(unstable[:5])}", "NonDeterministic",
             )  # fmt: skip
-        from .inputs import MODALITY_INPUTS
+        from .inputs import MODALITY_INPUTS, unfed_modalities
 
+        unfed = unfed_modalities(self.model, self.inputs["A"])
+        if unfed:
+            raise StageFailure(
+                "fail", f"no inputs were built for {', '.join(unfed)}: the {MODALITY_INPUTS[unfed[0]]} branch would not "
+                f"run (inputs: {self.input_set})", "ModalityNotFed",
+            )  # fmt: skip
         for name, value in self.inputs["A"].items():
             if name in MODALITY_INPUTS and isinstance(value, torch.Tensor) and value.is_floating_point():
                 perturbed = {**self.inputs["A"], name: value + torch.randn_like(value).abs() + 0.5}

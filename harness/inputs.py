@@ -262,6 +262,14 @@ def _hidden_states(context: Context) -> torch.Tensor:
     return context.randn(context.batch, context.length, width)
 
 
+def _feature_mask(context: Context) -> torch.Tensor | None:
+    """All frames of the audio features are real: ones over their frame axis (the longer one)."""
+    features = context.inputs_so_far.get("input_features")
+    if features is None:
+        return None
+    return torch.ones(features.shape[0], max(features.shape[1:]), dtype=torch.long)
+
+
 def _video(context: Context) -> torch.Tensor:
     context.label_hint = "video"
     return context.randn(context.batch, 4, *_image_shape(context))
@@ -351,6 +359,8 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     "inputs": lambda context: None if {"input_ids", "pixel_values"} & set(context.parameters) else _raw_audio(context),
     "pixel_values_videos": _video,
     "speaker_embeddings": lambda context: context.randn(context.batch, context.get("speaker_embedding_dim", 512)),
+    "input_features_mask": lambda context: _feature_mask(context),
+    "feature_attention_mask": lambda context: _feature_mask(context),
     "decoder_input_values": lambda context: context.randn(context.batch, 4, context.get("num_mel_bins", 80)),
     "global_attention_mask": _global_attention_mask,
     "noise": _noise,
@@ -410,9 +420,16 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
         value = rule(context)
         if value is not None:
             inputs[name] = value
-    takes_features = hasattr(model, "get_image_features") or hasattr(getattr(model, "model", None), "get_image_features")
-    if "pixel_values" in inputs and "input_ids" in inputs and _image_token(model.config) is not None and takes_features:
-        _place_image_tokens(context, inputs)
+    for modality, feature_input in (("image", "pixel_values"), ("audio", "input_features")):
+        placeholder = _placeholder_token(model.config, modality)
+        tower = "vision_config" if modality == "image" else "audio_config"
+        configured_away = tower in vars(model.config) and model.config.__dict__[tower] is None
+        if placeholder is None or "input_ids" not in inputs or configured_away or not _features_owner(model, modality):
+            continue
+        if feature_input not in inputs and feature_input in parameters and modality == "audio":
+            inputs[feature_input] = _input_features(context)  # audio language models: sound next to the text
+        if feature_input in inputs:
+            _place_placeholders(context, inputs, modality)
     eos = getattr(model.config, "eos_token_id", None)
     if type(model).__name__.endswith("ForSequenceClassification") and isinstance(eos, int) and "input_ids" in inputs:
         inputs["input_ids"][:, -1] = eos  # encoder-decoder classifiers pool the hidden state at <eos>
@@ -428,11 +445,33 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
     return inputs, "+".join(dict.fromkeys(modalities)) or "other"
 
 
+def unfed_modalities(model, inputs: dict) -> list[str]:
+    """Image, video or audio inputs the forward takes, and could use, that these inputs leave out.
+
+    Text-only inputs to a vision-language model run only its language half: that is not a pass.
+    A tower configured away (``vision_config=None``) is not missed.
+    """
+    parameters = _parameters(model)
+    towers = {"image": "vision_config", "video": "vision_config", "audio": "audio_config"}
+    missing = []
+    for name, modality in MODALITY_INPUTS.items():
+        if name not in parameters or name in inputs or modality not in towers:
+            continue
+        tower = towers[modality]
+        if tower in vars(model.config) and model.config.__dict__[tower] is None:
+            continue
+        if modality == "audio" and name == "input_values" and "input_features" in inputs:
+            continue
+        missing.append(name)
+    fed = any(name in MODALITY_INPUTS for name in inputs)
+    return [] if fed else missing  # one branch beside the text is enough; none is not
+
+
 # ── Vision-language models: pixel inputs and their placeholder tokens ─────────
 
 
-def _image_token(config) -> int | None:
-    for key in ("image_token_id", "image_token_index"):
+def _placeholder_token(config, modality: str) -> int | None:
+    for key in (f"{modality}_token_id", f"{modality}_token_index"):
         value = getattr(config, key, None)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
@@ -454,11 +493,20 @@ def _grid_pixel_values(context: Context) -> dict[str, torch.Tensor]:
     }
 
 
-def _image_feature_count(model, image_inputs: dict) -> int:
-    """How many placeholder tokens all the images need: the number of feature vectors the vision side emits."""
-    owner = model if hasattr(model, "get_image_features") else getattr(model, "model", model)
-    with torch.no_grad():
-        features = owner.get_image_features(**image_inputs)
+def _features_owner(model, modality: str):
+    """``get_<modality>_features`` of the model, or of its inner ``model`` when the outer one only forwards
+    ``*args, **kwargs`` (its signature would not say what to pass)."""
+    method = f"get_{modality}_features"
+    found = [getattr(owner, method) for owner in (model, getattr(model, "model", None)) if hasattr(owner, method)]
+    for candidate in found:
+        kinds = {parameter.kind for parameter in inspect.signature(candidate).parameters.values()}
+        if inspect.Parameter.VAR_POSITIONAL not in kinds:
+            return candidate
+    return found[0] if found else None
+
+
+def _feature_count(features) -> int:
+    """How many feature vectors a ``get_*_features`` call returned, whatever shape its answer takes."""
     if not isinstance(features, (torch.Tensor, tuple, list)):  # a model output: the pooled features, else the states
         pooled = getattr(features, "pooler_output", None)
         features = pooled if pooled is not None else features.last_hidden_state
@@ -469,26 +517,29 @@ def _image_feature_count(model, image_inputs: dict) -> int:
     return features.shape[:-1].numel()
 
 
-def _place_image_tokens(context: Context, inputs: dict) -> None:
-    """Put one placeholder per image feature at the start of every sample's text."""
-    if "image_grid_thw" in context.parameters:
+def _place_placeholders(context: Context, inputs: dict, modality: str) -> None:
+    """Put one placeholder token per image (or audio) feature at the start of every sample's text: as many as the
+    model's own ``get_<modality>_features`` returns for these inputs."""
+    if modality == "image" and "image_grid_thw" in context.parameters:
         inputs.update(_grid_pixel_values(context))
-    owner = context.model if hasattr(context.model, "get_image_features") else getattr(context.model, "model", context.model)
-    accepted = inspect.signature(owner.get_image_features).parameters
-    for name, parameter in accepted.items():  # what the image path needs although the forward makes it optional
+    features = _features_owner(context.model, modality)
+    accepted = inspect.signature(features).parameters
+    for name, parameter in accepted.items():  # what the feature path needs although the forward makes it optional
         if parameter.default is inspect.Parameter.empty and name not in inputs and name in _RULES:
             value = _RULES[name](context)
             if value is not None:
                 inputs[name] = value
-    image_inputs = {name: value for name, value in inputs.items() if name in accepted and name != "input_ids"}
-    per_sample = _image_feature_count(context.model, image_inputs) // context.batch
-    placeholders = torch.full((context.batch, per_sample), _image_token(context.config), dtype=torch.long)
+    with torch.no_grad():
+        count = _feature_count(features(**{k: v for k, v in inputs.items() if k in accepted and k != "input_ids"}))
+    token = _placeholder_token(context.config, modality)
+    placeholders = torch.full((context.batch, count // context.batch), token, dtype=torch.long)
     inputs["input_ids"] = torch.cat([placeholders, inputs["input_ids"]], dim=1)
     for name in ("attention_mask", "token_type_ids"):
         if name in inputs:
             inputs[name] = _RULES[name](context)
-    if "mm_token_type_ids" in context.parameters:  # 0 text, 1 image: multimodal rotary positions read it
-        inputs["mm_token_type_ids"] = (inputs["input_ids"] == _image_token(context.config)).to(torch.int)
+    if "mm_token_type_ids" in context.parameters:  # 0 text, 1 image, 2 video: multimodal rotary positions read it
+        image = _placeholder_token(context.config, "image")
+        inputs["mm_token_type_ids"] = (inputs["input_ids"] == image).to(torch.int)
 
 
 def _takes_text(model) -> bool:
