@@ -20,6 +20,8 @@ KINDS = {
     "WhisperForConditionalGeneration": "text+audio",
     "Qwen2VLForConditionalGeneration": "text+image",
     "LlavaForConditionalGeneration": "text+image",
+    "VoxtralForConditionalGeneration": "text+audio",
+    "LlavaNextForConditionalGeneration": "text+image",
     "PatchTSTForPrediction": "time-series",
 }
 
@@ -64,3 +66,13 @@ def test_a_modality_input_the_model_ignores_fails_eager():
     embeddings.forward = lambda pixel_values, **kwargs: torch.zeros(pixel_values.shape[0], 17, embeddings.embed_dim)
     with pytest.raises(StageFailure, match="pixel_values did not change any output: the image branch did not run"):
         context._eager()
+
+
+def test_text_only_inputs_to_a_vision_language_model_are_not_enough():
+    from harness.inputs import unfed_modalities
+
+    context = ClassContext(select("LlavaForConditionalGeneration")[0]).prepare()
+    inputs = dict(context.inputs["A"])
+    assert unfed_modalities(context.model, inputs) == []
+    inputs.pop("pixel_values")
+    assert unfed_modalities(context.model, inputs) == ["pixel_values"]
