@@ -118,15 +118,16 @@ class Exported:
         return f"<{type(self).__name__} {self.metadata.get('model_class', '?')}: {len(self.input_names)} inputs, {len(self.output_names)} outputs>"
 
 
-def build_metadata(backend: str, model, traced_inputs: dict, constants: dict, input_names, output_names, config, log) -> dict:
+def build_metadata(backend: str, model, traced, config, log) -> dict:
     from dataclasses import asdict
 
     return {
         "backend": backend,
         "model_class": type(model).__name__,
-        "input_names": list(input_names),
-        "output_names": list(output_names),
-        "constants": {name: _jsonable(value) for name, value in constants.items()},
+        "input_names": list(traced.input_names),
+        "output_names": list(traced.output_names),
+        "input_shapes": traced.input_shapes(),
+        "constants": {name: _jsonable(value) for name, value in traced.constants.items()},
         "config": {key: _jsonable(value) for key, value in asdict(config).items()},
         "stages": log.stages,
         "applied": log.applied,

@@ -56,16 +56,17 @@ class DynamoExported(Exported):
 
     def _runtime(self):
         if self._module is None:
-            self._module = self.program.module()
+            module = self.program.module()
+            # Return the flat leaves as traced: rebuilding caches and flattening them again would drop a leaf the
+            # dynamic trace turned into a number (a sliding window's position counter).
+            module._out_spec = _pytree.tree_structure(tuple(range(module._out_spec.num_leaves)))
+            self._module = module
         return self._module
 
     def _run(self, feed):
         args, kwargs = _pytree.tree_unflatten(feed, self.program.call_spec.in_spec)
         with torch.no_grad():
-            outputs = self._runtime()(*args, **kwargs)
-        # by position, as the program's output spec lists them: a leaf the trace fixed to a number (a sliding
-        # window's position counter) comes back as that number, not as a tensor to find by name
-        return _pytree.tree_leaves(outputs)
+            return list(self._runtime()(*args, **kwargs))
 
     def _save_program(self, path: Path) -> None:
         torch.export.save(self.program, str(path))
@@ -83,9 +84,7 @@ class DynamoExporter:
         config = config or DynamoConfig()
         log = StageLog(DynamoExportError)
         traced = trace_model(model, inputs, config, log)
-        metadata = build_metadata(
-            "dynamo", model, inputs, traced.constants, traced.input_names, traced.output_names, config, log
-        )
+        metadata = build_metadata("dynamo", model, traced, config, log)
         return DynamoExported(traced.program, metadata)
 
 
@@ -95,6 +94,23 @@ class Traced:
     input_names: list[str]
     output_names: list[str]
     constants: dict[str, Any]
+
+    def input_shapes(self) -> dict[str, list]:
+        """Each traced input's shape as the program accepts it: a number where the trace fixed the axis, the
+        symbol's name (``s27``) where it stayed dynamic."""
+        user_inputs = set(self.program.graph_signature.user_inputs)
+        placeholders = [node for node in self.program.graph.nodes if node.op == "placeholder" and node.name in user_inputs]
+        return {
+            name: [_size_or_symbol(size) for size in node.meta["val"].shape]
+            for name, node in zip(self.input_names, placeholders)
+            if hasattr(node.meta.get("val"), "shape")
+        }
+
+
+def _size_or_symbol(size) -> int | str:
+    # a symbol a later guard pinned to one value prints as that value
+    text = str(size)
+    return int(text) if text.isdigit() else text
 
 
 def trace_model(model: torch.nn.Module, inputs: dict[str, Any], config: DynamoConfig, log: StageLog) -> Traced:

@@ -113,9 +113,7 @@ class ExecutorchExporter:
                 )
         finally:
             log.note(sorted(fired))
-        metadata = build_metadata(
-            "executorch", model, inputs, traced.constants, traced.input_names, traced.output_names, config, log
-        )
+        metadata = build_metadata("executorch", model, traced, config, log)
         # counted after lowering: functionalization turns in-place updates of inputs into leading outputs
         metadata["mutated_inputs"] = mutated_inputs
         return ExecutorchExported(program, metadata)
@@ -189,6 +187,30 @@ def _patch_xnnpack_reshape_dynamic_axes(original):
         return original(self, node, exported_program)
 
     return check_constraints
+
+
+@register_patch(
+    "executorch", "executorch.exir.verification.arg_validator.EdgeOpArgValidator.call_function", reports=True
+)
+def _patch_edge_validator_list_return(original):
+    """The edge dialect's dtype validator walks an op's lone `Tensor[]` return (split, unbind) as if each tensor
+    were a return, then takes `len()` of the first tensor: with a dynamic first axis, that `len` is a guard that
+    pins the axis (the batch) to its traced size and the program rejects any other. Handed the list wrapped in a
+    one-item list, the validator walks the single list return it is."""
+
+    def call_function(self, target, args, kwargs):
+        returns = getattr(getattr(target, "_schema", None), "returns", ())
+        value = self.node.meta.get("val")
+        if len(returns) != 1 or returns[0].type != torch.ListType.ofTensors() or not isinstance(value, (list, tuple)):
+            return original(self, target, args, kwargs)
+        report_applied()
+        self.node.meta["val"] = [value]
+        try:
+            return original(self, target, args, kwargs)
+        finally:
+            self.node.meta["val"] = value
+
+    return call_function
 
 
 # ── Stage 4: FX program fixes ────────────────────────────────────────────────

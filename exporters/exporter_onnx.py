@@ -133,9 +133,7 @@ class OnnxExporter:
         finally:
             fired.discard(_patch_refix_after_decompositions.__name__)  # the stage 2 hook itself, not a workaround
             log.note(sorted(fired))
-        metadata = build_metadata(
-            "onnx", model, inputs, traced.constants, traced.input_names, traced.output_names, config, log
-        )
+        metadata = build_metadata("onnx", model, traced, config, log)
         return OnnxExported(onnx_program.model, metadata)
 
 

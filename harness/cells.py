@@ -303,6 +303,15 @@ def run_cell(cell: Cell, context: ClassContext, registry=None, on_stage: Callabl
     record.applied = list(exported.applied)
 
     label = RUN_INPUT_SET[cell.shape_mode]
+    if cell.shape_mode == "dynamic":
+        fixed = specialized_axes(exported.metadata.get("input_shapes", {}), context.inputs["A"], context.inputs[label])
+        stage = StageRecord("dynamic-axes", "fail" if fixed else "pass", 0.0)
+        if fixed:
+            stage.error_type = "AxisSpecialized"
+            stage.message = "the exported program fixed axes the second input set varies: " + "; ".join(fixed)
+        record.stages.append(stage)
+        if fixed:
+            return _done(record)
     steps = [
         ("load", exported.load_runtime),
         ("run", lambda: exported(**context.inputs[label])),
@@ -392,6 +401,23 @@ def varying_axes(first: dict, second: dict) -> dict | None:
             return None
         shapes[name] = {axis: torch.export.Dim.AUTO for axis in range(value.dim()) if value.shape[axis] != other.shape[axis]}
     return shapes
+
+
+def specialized_axes(program_shapes: dict[str, list], first: dict, second: dict) -> list[str]:
+    """The input axes the export fixed to a number although ``second`` gives them another size (a guard in the
+    model specialised them), as readable ``name axis 1 = 7 (second set: 9)``."""
+    from exporters.utils import named_leaves
+
+    first, second = named_leaves(first), named_leaves(second)
+    fixed = []
+    for name, shape in program_shapes.items():
+        if name not in first or name not in second:
+            continue
+        for axis, size in enumerate(shape):
+            other = second[name].shape[axis] if axis < second[name].dim() else None
+            if isinstance(size, int) and other is not None and other != size:
+                fixed.append(f"{name} axis {axis} = {size} (second set: {other})")
+    return fixed
 
 
 def _exporter_stages(stages: list[dict]) -> list[StageRecord]:

@@ -37,8 +37,9 @@ WORKAROUND_PLACE = {
     "fx-program-fixes": "FX program fix @register_fx_program_fix('executorch') (stage 4)",
     "to-edge": "torch patch or FX node/program fix for ExecuTorch (exporter_executorch.py stages 2-5)",
     "to-executorch": "ExecuTorch patch (exporter_executorch.py stage 3)",
+    "dynamic-axes": "a model patch that keeps the axis symbolic (exporter_dynamo.py stage 2), or inputs that vary only axes the model allows",
     "load": "runtime: ONNX IR fix (onnx) or ExecuTorch FX fix (executorch)",
-    "run": "runtime: ONNX IR fix _fix_ir_* (onnx), ExecuTorch FX fix, or a dynamic-shape specialisation",
+    "run": "runtime: ONNX IR fix _fix_ir_* (onnx) or ExecuTorch FX fix",
     "parity": "numerics: a torch patch or ONNX translation; a wider tolerance only with a recorded reason",
 }
 

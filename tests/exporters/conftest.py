@@ -107,7 +107,22 @@ def _wav2vec2_classifier():
     return transformers.Wav2Vec2ForSequenceClassification(config), inputs
 
 
+def _codegen():
+    config = transformers.CodeGenConfig(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=64)
+    return transformers.CodeGenForCausalLM(config), _text
+
+
+def _gemma2():
+    config = transformers.Gemma2Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=64, sliding_window=4,
+    )  # fmt: skip
+    return transformers.Gemma2ForCausalLM(config), _text
+
+
 TINY_MODELS = {
+    "CodeGenForCausalLM": _codegen,
+    "Gemma2ForCausalLM": _gemma2,
     "Qwen2MoeForCausalLM": _qwen2_moe,
     "Wav2Vec2ForSequenceClassification": _wav2vec2_classifier,
     "LlamaForCausalLM": _llama,

@@ -114,3 +114,16 @@ def test_xnnpack_leaves_1d_convolutions_with_two_dynamic_axes_to_portable_kernel
     with disabled_workarounds("_patch_xnnpack_reshape_dynamic_axes"):
         with pytest.raises(exporters.ExecutorchExportError, match="XNNPACK reshape only supports 1 dynamic"):
             _export(model, "executorch", dynamic=True)
+
+
+def test_executorch_edge_validator_leaves_a_dynamic_batch_dynamic(tiny):
+    model = tiny("CodeGenForCausalLM")  # splits its fused qkv projection: an op returning Tensor[]
+    exported = _export(model, "executorch", dynamic=True)
+    assert "_patch_edge_validator_list_return" in exported.applied
+    assert isinstance(exported.metadata["input_shapes"]["input_ids"][0], str), "batch stays a symbol"
+    assert_parity(exported(**model.inputs["B"]), model.expected["B"], TOLERANCE["executorch"])
+    with disabled_workarounds("_patch_edge_validator_list_return"):
+        pinned = _export(model, "executorch", dynamic=True)
+    assert pinned.metadata["input_shapes"]["input_ids"][0] == 2, "the validator's len() pinned the batch"
+    with pytest.raises(RuntimeError, match="failed with error"):
+        pinned(**model.inputs["B"])

@@ -127,3 +127,22 @@ def test_parity_mismatch_is_recorded_with_diffs_not_raised(tmp_path):
     assert record.max_abs_diff == max(detail["abs"] for detail in record.parity.values())
     assert "outputs differ from eager beyond atol=0.0001" in record.message
     assert "_patch_nudge_layer_norm" in record.applied
+
+
+def test_axis_the_export_fixed_fails_the_dynamic_cell_by_name(tmp_path):
+    """A Dynamo patch that reshapes to the traced batch: torch.export's Dim.AUTO quietly fixes the batch axis."""
+    from harness.cells import ClassContext, run_cell
+
+    saved = list(utils._PATCHES["dynamo"])
+
+    @utils.register_patch("dynamo", "torch.nn.functional.layer_norm")
+    def _patch_fix_batch(original):
+        return lambda input, *args, **kwargs: original(input.reshape(2, *input.shape[1:]), *args, **kwargs)
+
+    try:
+        model = select("BertModel")[0]
+        record = run_cell(Cell(model, "dynamo", "dynamic"), ClassContext(model))
+    finally:
+        utils._PATCHES["dynamo"][:] = saved
+    assert (record.status, record.stage) == ("fail", "dynamic-axes")
+    assert "input_ids axis 0 = 2 (second set: 3)" in record.message
