@@ -174,7 +174,8 @@ class ClassContext:
 
 
 def _wake_zero_weights(model) -> None:
-    """Give small random values to weights a fresh model starts at zero (projections, tanh gates, layer scales).
+    """Give small random values to weights a fresh model starts at zero (projections, tanh gates, layer scales),
+    and norm layers a scale near one.
 
     Trained checkpoints have them non-zero; at zero a whole branch (Gemma 3's image projection, Mllama's
     cross-attention gates) contributes nothing, and neither parity nor the modality check can see it run.
@@ -185,6 +186,13 @@ def _wake_zero_weights(model) -> None:
         for name, parameter in model.named_parameters():
             if parameter.is_floating_point() and not name.endswith("bias") and not parameter.any():
                 parameter.normal_(0.0, 0.02)
+        # Norm scales drawn around zero (EfficientNet initialises batch norms like linears) shrink the signal at
+        # every layer until a deep tiny network outputs a constant; trained ones sit near one.
+        norms = (torch.nn.modules.batchnorm._BatchNorm, torch.nn.LayerNorm, torch.nn.GroupNorm)
+        for module in model.modules():
+            weight = getattr(module, "weight", None)
+            if isinstance(module, norms) and weight is not None and weight.is_floating_point() and weight.abs().mean() < 0.1:
+                weight.normal_(1.0, 0.02)
 
 
 def _same(a, b) -> bool:

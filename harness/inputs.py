@@ -24,7 +24,6 @@ NUM_CHOICES = 2
 MODALITY_INPUTS = {
     "pixel_values": "image",
     "pixel_values_videos": "video",
-    "pixel_values_videos": "video",
     "input_features": "audio",
     "input_values": "audio",
     "flattened_patches": "image",
@@ -356,7 +355,7 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     "hidden_states": _hidden_states,
     "spectrogram": _spectrogram,
     # speech encoder-decoders' encoder input; Perceiver names its main input so too, but reads token ids there
-    "inputs": lambda context: None if {"input_ids", "pixel_values"} & set(context.parameters) else _raw_audio(context),
+    "inputs": lambda context: _raw_audio(context) if _inputs_are_audio(context.parameters) else None,
     "pixel_values_videos": _video,
     "speaker_embeddings": lambda context: context.randn(context.batch, context.get("speaker_embedding_dim", 512)),
     "input_features_mask": lambda context: _feature_mask(context),
@@ -445,6 +444,12 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
     return inputs, "+".join(dict.fromkeys(modalities)) or "other"
 
 
+def _inputs_are_audio(parameters) -> bool:
+    # Perceiver's generic `inputs` carries whatever its preprocessor takes; beside `input_ids` or `pixel_values`
+    # those are fed instead
+    return not {"input_ids", "pixel_values"} & set(parameters)
+
+
 def unfed_modalities(model, inputs: dict) -> list[str]:
     """Image, video or audio inputs the forward takes, and could use, that these inputs leave out.
 
@@ -461,6 +466,8 @@ def unfed_modalities(model, inputs: dict) -> list[str]:
         if tower in vars(model.config) and model.config.__dict__[tower] is None:
             continue
         if modality == "audio" and name == "input_values" and "input_features" in inputs:
+            continue
+        if name == "inputs" and not _inputs_are_audio(parameters):
             continue
         missing.append(name)
     fed = any(name in MODALITY_INPUTS for name in inputs)

@@ -94,6 +94,12 @@ TINY_OVERRIDES: dict[str, dict] = {
     "llava_onevision": {"image_grid_pinpoints": [[32, 32]]},
     # feature map sizes of a 1024-pixel image at strides 4, 8 and 16: those of the tiny one instead
     "sam2_vision_model": {"backbone_feature_sizes": [[8, 8], [4, 4], [2, 2]]},
+    # image tokens reach the text model through a vocabulary map that ships with the checkpoint: 16 codebook
+    # entries mapped onto ids of the tiny vocabulary instead; the VQ attention is sized hidden_size, which must
+    # equal the last stage's channels (base x multiplier)
+    "emu3": {"vq_config.codebook_size": 16, "vq_config.channel_multiplier": [1, 1, 1, 1], "image_token_id": 100,
+             "vocabulary_map": {"<image>": 100, "<|extra_200|>": 101,
+                                **{f"<|visual token {index:06d}|>": 102 + index for index in range(16)}}},
 }
 
 # model type -> feature extractor class, where the auto mapping names one that does not make this model's inputs.

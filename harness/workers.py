@@ -10,7 +10,6 @@ remaining cell of that class gets the same record.
 from __future__ import annotations
 
 import os
-import resource
 import signal
 import sys
 import time
@@ -28,7 +27,7 @@ from .records import SHARED_STAGES, CellRecord, StageRecord
 @dataclass
 class WorkerOptions:
     timeout: float = 600.0  # seconds per cell, shared stages included for the first cell of a class
-    memory_cap_mb: float | None = None  # resident memory; None: no cap
+    memory_cap_mb: float | None = None  # resident memory not shared with the parent; None: no cap
     threads: int = 1  # torch and ONNX Runtime intra-op threads per child
     log_dir: Path | None = None  # where children's stdout/stderr go (one file per class)
     poll_interval: float = 0.2
@@ -66,7 +65,18 @@ def _signal_name(number: int) -> str:
     return f"{name} ({meaning[name]})" if name in meaning else name
 
 
-def _rss_mb(pid: int) -> float | None:
+def _own_memory_mb(pid: int) -> float | None:
+    """Resident memory the child does not share with its parent.
+
+    A forked child starts out sharing every page of the parent (a pytest worker that already ran the exporter tests
+    holds gigabytes): VmRSS would count those pages against the cell's cap, private pages do not.
+    """
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            fields = dict(line.split(":", 1) for line in rollup if line.startswith("Private_"))
+        return sum(int(value.split()[0]) for value in fields.values()) / 1024
+    except (OSError, ValueError):
+        pass
     try:
         with open(f"/proc/{pid}/status") as status:
             for line in status:
@@ -122,8 +132,8 @@ class ClassWorker:
                     self.shared_stages = [StageRecord(**stage) for stage in payload[1]]
                 elif kind == "record":
                     record = CellRecord.from_dict(payload)
-                    record.worker = self.name
-                    self.peak_rss_mb = max(self.peak_rss_mb, record.peak_rss_mb or 0.0)
+                    self.peak_rss_mb = max(self.peak_rss_mb, _own_memory_mb(self.pid) or 0.0)
+                    record.worker, record.peak_rss_mb = self.name, round(self.peak_rss_mb, 1) or None
                     self.cell = None
                     return record
         except (EOFError, OSError):
@@ -131,12 +141,12 @@ class ClassWorker:
         elapsed = time.monotonic() - self.started
         if elapsed > self.options.timeout:
             return self._kill("timeout", f"ran past the {self.options.timeout:g} s cell timeout in stage {self.stage}")
-        rss = _rss_mb(self.pid)
-        if rss is not None:
-            self.peak_rss_mb = max(self.peak_rss_mb, rss)
+        used = _own_memory_mb(self.pid)
+        if used is not None:
+            self.peak_rss_mb = max(self.peak_rss_mb, used)
             cap = self.options.memory_cap_mb
-            if cap and rss > cap:
-                return self._kill("oom", f"used {rss:.0f} MB, over the {cap:g} MB memory cap, in stage {self.stage}")
+            if cap and used > cap:
+                return self._kill("oom", f"used {used:.0f} MB, over the {cap:g} MB memory cap, in stage {self.stage}")
         if not self._alive():
             return self._died()
         return None
@@ -268,5 +278,4 @@ class ClassWorker:
             if kind == "exit":
                 return
             record = run_cell(Cell(self.model_class, backend, shape_mode), context, self.registry, on_stage)
-            record.peak_rss_mb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
             connection.send(("record", record.to_dict()))

@@ -76,6 +76,18 @@ def test_a_faulty_cell_fails_alone_and_the_sweep_goes_on(tmp_path, fault_once, f
     assert counts == {status: 1, "pass": 1}
 
 
+def test_memory_shared_with_the_parent_does_not_count_against_the_cap(tmp_path):
+    """Under ``pytest -n auto`` the forking process may already hold gigabytes; the cap is the cell's own memory."""
+    ballast = b"x" * (1200 << 20)  # written, so resident in the parent and inherited by every forked child
+    warm_imports(["dynamo"])
+    store = RunStore(tmp_path / "run")
+    plan = Plan(select("BertModel"), ("dynamo",), ("static",))
+    run_sweep(plan, store, WorkerOptions(timeout=120, memory_cap_mb=900), jobs=1, progress=Progress(1, every=60))
+    record = store.read("BertModel-dynamo-static")
+    assert record.status == "pass", record.message
+    assert 0 < record.peak_rss_mb < 900 < len(ballast) >> 20
+
+
 def test_a_crash_in_a_shared_stage_is_not_retried_for_every_cell(tmp_path, monkeypatch):
     from harness import cells
 
