@@ -20,6 +20,7 @@ import functools
 import importlib
 import importlib.util
 import inspect
+import re
 import sys
 import time
 import traceback
@@ -122,11 +123,27 @@ class StageLog:
         inner = _cause_chain(error)
         if inner is not None:
             name, error = inner.stage, inner.__cause__ or inner
-        message = f"{type(error).__name__}: {error}"
+        message = f"{type(error).__name__}: {_readable(str(error))}"
         wrapped = self.error_class(name, message, stages=self.stages, applied=self.applied)
         wrapped.cause_type = type(error).__name__
         wrapped.cause_traceback = "".join(traceback.format_exception(error))
         return wrapped
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_SUMMARY_CAUSE = re.compile(r"^<class '(?:[\w.]+\.)?(\w+)'>: (.*)$", re.MULTILINE)
+
+
+def _readable(text: str) -> str:
+    """torch.onnx leads its errors with the same advice every time ("This is step 3/3 ...") and puts the cause
+    under "## Exception summary": the innermost cause comes first instead, the rest follows unchanged."""
+    text = _ANSI.sub("", text)
+    _, found, summary = text.partition("## Exception summary")
+    causes = _SUMMARY_CAUSE.findall(summary) if found else []
+    if not causes:
+        return text
+    kind, reason = causes[0]
+    return f"{kind}: {reason}\n\n{text}"
 
 
 def _cause_chain(error: BaseException) -> ExportError | None:

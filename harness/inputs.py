@@ -9,6 +9,7 @@ many as the vision tower emits, counted by running it once.
 from __future__ import annotations
 
 import inspect
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -256,6 +257,12 @@ def _grid_thw(context: Context) -> torch.Tensor:
     return grid["image_grid_thw"]
 
 
+def _merge_sizes(context: Context) -> torch.Tensor:
+    """VideoLLaMA3: each image's spatial merge factor, one per image of the grid (one image per sample)."""
+    merge = getattr(context.sub("vision_config"), "spatial_merge_size", 1) or 1
+    return torch.full((context.batch,), merge, dtype=torch.long)
+
+
 def _hidden_states(context: Context) -> torch.Tensor:
     width = context.get("hidden_size", 32)
     return context.randn(context.batch, context.length, width)
@@ -289,9 +296,15 @@ def _spectrogram(context: Context) -> torch.Tensor:
     return context.randn(context.batch, 4 * context.length, context.get("model_in_dim", 80))
 
 
+_MONO_CODEC = re.compile(r"input_values \(`torch\.\w+` of shape `\(batch_size, 1, \w+\)`")
+
+
 def _raw_audio(context: Context) -> torch.Tensor:
-    """Audio codecs take (batch, channels, samples); speech encoders take (batch, samples)."""
+    """Audio codecs take (batch, channels, samples); speech encoders take (batch, samples). A codec without an
+    ``audio_channels`` setting says its layout in the forward docstring: ``(batch_size, 1, time_steps)``."""
     channels = getattr(context.config, "audio_channels", None)
+    if channels is None and _MONO_CODEC.search(type(context.model).forward.__doc__ or ""):
+        channels = 1
     audio = context.randn(context.batch, AUDIO_SAMPLES[context.label]) * 0.1
     return audio.unsqueeze(1).expand(-1, channels, -1).contiguous() if isinstance(channels, int) else audio
 
@@ -352,6 +365,8 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     **_TIME_SERIES,
     "image_sizes": _image_sizes,
     "grid_thw": _grid_thw,
+    "image_merge_sizes": _merge_sizes,
+    "merge_sizes": _merge_sizes,
     "hidden_states": _hidden_states,
     "spectrogram": _spectrogram,
     # speech encoder-decoders' encoder input; Perceiver names its main input so too, but reads token ids there
@@ -501,15 +516,18 @@ def _grid_pixel_values(context: Context) -> dict[str, torch.Tensor]:
 
 
 def _features_owner(model, modality: str):
-    """``get_<modality>_features`` of the model, or of its inner ``model`` when the outer one only forwards
-    ``*args, **kwargs`` (its signature would not say what to pass)."""
+    """``get_<modality>_features`` of the model, or of its inner ``model`` when the outer one forwards what its
+    signature does not name (``*args``, or fewer parameters than the inner one requires)."""
     method = f"get_{modality}_features"
     found = [getattr(owner, method) for owner in (model, getattr(model, "model", None)) if hasattr(owner, method)]
-    for candidate in found:
-        kinds = {parameter.kind for parameter in inspect.signature(candidate).parameters.values()}
-        if inspect.Parameter.VAR_POSITIONAL not in kinds:
-            return candidate
-    return found[0] if found else None
+
+    def named(candidate) -> int:
+        parameters = inspect.signature(candidate).parameters.values()
+        if any(parameter.kind is inspect.Parameter.VAR_POSITIONAL for parameter in parameters):
+            return -1
+        return sum(parameter.kind is not inspect.Parameter.VAR_KEYWORD for parameter in parameters)
+
+    return max(found, key=named) if found else None
 
 
 def _feature_count(features) -> int:

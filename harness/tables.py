@@ -100,6 +100,8 @@ TINY_OVERRIDES: dict[str, dict] = {
     "emu3": {"vq_config.codebook_size": 16, "vq_config.channel_multiplier": [1, 1, 1, 1], "image_token_id": 100,
              "vocabulary_map": {"<image>": 100, "<|extra_200|>": 101,
                                 **{f"<|visual token {index:06d}|>": 102 + index for index in range(16)}}},
+    # the text config alone lacks the initializer_range its weight init reads (the composite config carries it)
+    "pix2struct_text_model": {"initializer_range": 0.02},
 }
 
 # model type -> feature extractor class, where the auto mapping names one that does not make this model's inputs.

@@ -125,19 +125,11 @@ class ClassWorker:
         if self.cell is None:
             return None
         try:
-            while self.connection.poll():
-                kind, payload = self.connection.recv()
-                if kind == "stage":  # (stage starting, shared stages done so far)
-                    self.stage = payload[0]
-                    self.shared_stages = [StageRecord(**stage) for stage in payload[1]]
-                elif kind == "record":
-                    record = CellRecord.from_dict(payload)
-                    self.peak_rss_mb = max(self.peak_rss_mb, _own_memory_mb(self.pid) or 0.0)
-                    record.worker, record.peak_rss_mb = self.name, round(self.peak_rss_mb, 1) or None
-                    self.cell = None
-                    return record
+            record = self._read_messages()
         except (EOFError, OSError):
             return self._died()
+        if record is not None:
+            return record
         elapsed = time.monotonic() - self.started
         if elapsed > self.options.timeout:
             return self._kill("timeout", f"ran past the {self.options.timeout:g} s cell timeout in stage {self.stage}")
@@ -148,7 +140,25 @@ class ClassWorker:
             if cap and used > cap:
                 return self._kill("oom", f"used {used:.0f} MB, over the {cap:g} MB memory cap, in stage {self.stage}")
         if not self._alive():
-            return self._died()
+            try:  # what it said just before it died is still in the pipe: the stage it died in, or even its record
+                record = self._read_messages()
+            except (EOFError, OSError):
+                pass
+            return record or self._died()
+        return None
+
+    def _read_messages(self) -> CellRecord | None:
+        while self.connection.poll():
+            kind, payload = self.connection.recv()
+            if kind == "stage":  # (stage starting, shared stages done so far)
+                self.stage = payload[0]
+                self.shared_stages = [StageRecord(**stage) for stage in payload[1]]
+            elif kind == "record":
+                record = CellRecord.from_dict(payload)
+                self.peak_rss_mb = max(self.peak_rss_mb, _own_memory_mb(self.pid) or 0.0)
+                record.worker, record.peak_rss_mb = self.name, round(self.peak_rss_mb, 1) or None
+                self.cell = None
+                return record
         return None
 
     def run(self, cell: Cell) -> CellRecord:

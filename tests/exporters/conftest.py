@@ -120,9 +120,31 @@ def _gemma2():
     return transformers.Gemma2ForCausalLM(config), _text
 
 
+def _gemma3n():
+    config = transformers.Gemma3nTextConfig(
+        vocab_size=VOCAB, vocab_size_per_layer_input=VOCAB, hidden_size=32, hidden_size_per_layer_input=8,
+        intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        laurel_rank=4, max_position_embeddings=64, sliding_window=4, num_kv_shared_layers=0, altup_num_inputs=2,
+        layer_types=["sliding_attention", "full_attention"], activation_sparsity_pattern=[0.95, 0.0],
+    )  # fmt: skip
+    return transformers.Gemma3nForCausalLM(config), _text
+
+
+def _deepseek_v2():
+    config = transformers.DeepseekV2Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=37, moe_intermediate_size=16, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=8, q_lora_rank=None, qk_rope_head_dim=4,
+        qk_nope_head_dim=4, v_head_dim=8, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+        first_k_dense_replace=1, max_position_embeddings=64,
+    )  # fmt: skip
+    return transformers.DeepseekV2ForCausalLM(config), _text
+
+
 TINY_MODELS = {
     "CodeGenForCausalLM": _codegen,
+    "DeepseekV2ForCausalLM": _deepseek_v2,
     "Gemma2ForCausalLM": _gemma2,
+    "Gemma3nForCausalLM": _gemma3n,
     "Qwen2MoeForCausalLM": _qwen2_moe,
     "Wav2Vec2ForSequenceClassification": _wav2vec2_classifier,
     "LlamaForCausalLM": _llama,

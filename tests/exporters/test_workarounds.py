@@ -127,3 +127,33 @@ def test_executorch_edge_validator_leaves_a_dynamic_batch_dynamic(tiny):
     assert pinned.metadata["input_shapes"]["input_ids"][0] == 2, "the validator's len() pinned the batch"
     with pytest.raises(RuntimeError, match="failed with error"):
         pinned(**model.inputs["B"])
+
+
+@pytest.mark.parametrize(
+    "backend, error, stage",
+    [("onnx", "erf_inv", "onnx-translation"), ("executorch", "erfinv.default is not in Core ATen", "to-edge")],
+)
+def test_gemma3n_sparsity_quantile_is_a_constant_for_export(tiny, backend, error, stage):
+    model = tiny("Gemma3nForCausalLM")  # its first layer keeps the top 5% of the MLP gate
+    exported = _export(model, backend)
+    assert "_patch_gemma3n_constant_icdf" in exported.applied
+    assert_parity(exported(**model.inputs["A"]), model.expected["A"], TOLERANCE[backend])
+    with disabled_workarounds("_patch_gemma3n_constant_icdf"), pytest.raises(exporters.ExportError, match=error) as failure:
+        _export(model, backend)
+    assert failure.value.stage == stage
+    assert error in failure.value.message.split("\n\n")[0], "the cause leads the message, before any advice"
+
+
+@pytest.mark.parametrize(
+    "backend, error, stage",
+    [("onnx", "complex-valued input", "onnx-translation"), ("executorch", "view_as_complex", "to-edge")],
+)
+def test_complex_rotary_is_rotated_in_real_arithmetic(tiny, backend, error, stage):
+    model = tiny("DeepseekV2ForCausalLM")  # its rotary table is complex (torch.polar)
+    exported = _export(model, backend)
+    assert {"_patch_complex_rotary_as_pairs", "_patch_rotate_pairs"} <= set(exported.applied)
+    assert_parity(exported(**model.inputs["A"]), model.expected["A"], TOLERANCE[backend])
+    workarounds = ("_patch_complex_rotary_as_pairs", "_patch_rotate_pairs")
+    with disabled_workarounds(*workarounds), pytest.raises(exporters.ExportError, match=error) as failure:
+        _export(model, backend)
+    assert failure.value.stage == stage
