@@ -154,6 +154,22 @@ def prepare_for_cuda(model):
 # `@register_patch("executorch", "torch.<op>")`: ops the ExecuTorch backends cannot take as the model calls them.
 
 
+@register_patch("executorch", "torch.bucketize")
+def _patch_bucketize_as_comparison(original):
+    """`bucketize` is not in the Core ATen opset the edge dialect checks, and the portable runtime has no kernel
+    for it (https://github.com/pytorch/executorch/issues/20270; Idefics3's patch positions). A bucket index is
+    the number of boundaries below the value (at or below it with `right=True`): a comparison and a sum."""
+
+    def bucketize(input, boundaries, *, out_int32=False, right=False, **kwargs):
+        if kwargs or not isinstance(input, torch.Tensor):
+            return original(input, boundaries, out_int32=out_int32, right=right, **kwargs)
+        expanded = input.unsqueeze(-1)
+        below = boundaries <= expanded if right else boundaries < expanded
+        return below.sum(dim=-1, dtype=torch.int32 if out_int32 else torch.int64)
+
+    return bucketize
+
+
 # ── Stage 3: ExecuTorch patches ──────────────────────────────────────────────
 # `@register_patch("executorch", "executorch.<internal>")`: lowering steps that fail on valid graphs.
 

@@ -30,6 +30,7 @@ MODALITY_INPUTS = {
     "flattened_patches": "image",
     "past_values": "time-series",
     "inputs": "audio",
+    "audio_mel": "audio",
 }
 
 
@@ -264,6 +265,8 @@ def _merge_sizes(context: Context) -> torch.Tensor:
 
 
 def _hidden_states(context: Context) -> torch.Tensor:
+    if getattr(context.model, "main_input_name", None) == "pixel_values":  # a vision backbone (Florence-2's DaViT)
+        return _pixel_values(context)
     width = context.get("hidden_size", 32)
     return context.randn(context.batch, context.length, width)
 
@@ -369,6 +372,8 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     "merge_sizes": _merge_sizes,
     "hidden_states": _hidden_states,
     "spectrogram": _spectrogram,
+    "audio_mel": lambda context: context.randn(context.batch, 64, context.get("input_feat_size", 128)),
+    "audio_mel_mask": lambda context: torch.zeros(*context.inputs_so_far["audio_mel"].shape[:2], dtype=torch.bool),
     # speech encoder-decoders' encoder input; Perceiver names its main input so too, but reads token ids there
     "inputs": lambda context: _raw_audio(context) if _inputs_are_audio(context.parameters) else None,
     "pixel_values_videos": _video,

@@ -157,3 +157,28 @@ def test_complex_rotary_is_rotated_in_real_arithmetic(tiny, backend, error, stag
     with disabled_workarounds(*workarounds), pytest.raises(exporters.ExportError, match=error) as failure:
         _export(model, backend)
     assert failure.value.stage == stage
+
+
+class _PatchPositions(torch.nn.Module):
+    """Idefics3's vision embeddings: fractional patch coordinates to position buckets."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("boundaries", torch.arange(1 / 4, 1.0, 1 / 4))
+
+    def forward(self, coordinates):
+        return torch.bucketize(coordinates, self.boundaries, right=True), torch.bucketize(coordinates, self.boundaries)
+
+
+def test_executorch_bucketize_counts_boundaries():
+    coordinates = torch.tensor([[-1.0, 0.0, 0.1, 0.25, 0.3, 0.75, 0.9, 1.0]])
+    model = _PatchPositions().eval()
+    exporter, config = exporters.exporter_for("executorch")
+    exported = exporter.export(model, {"coordinates": coordinates}, config)
+    assert "_patch_bucketize_as_comparison" in exported.applied
+    outputs = list(exported(coordinates=coordinates).values())
+    for got, expected in zip(outputs, model(coordinates), strict=True):
+        assert torch.equal(got, expected)
+    with disabled_workarounds("_patch_bucketize_as_comparison"):
+        with pytest.raises(exporters.ExecutorchExportError, match="bucketize.Tensor is not in Core ATen"):
+            exporter.export(model, {"coordinates": coordinates}, config)
