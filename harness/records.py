@@ -120,6 +120,8 @@ def error_signature(stage: str, error_type: str | None, message: str | None) -> 
     if re.match(r"^\[[\w-]+:[\w-]+\]", first):  # "[onnx:run] TypeName: message" from an exporter
         first = re.sub(r"^\[[\w-]+:[\w-]+\]\s*(\w+:\s*)?", "", first)
     first = re.sub(r"^\w+(Error|Exception)\w*:\s*", "", first)
+    if error_type and first.startswith(f"{error_type}:"):  # types not named *Error (GuardOnDataDependentSymNode)
+        first = first[len(error_type) + 1 :].lstrip()
     if not first.strip(": ") and len(lines) > 1:  # "SpecViolationError:" alone: the reason is on the next line
         first = lines[1]
     for pattern, replacement in _SIGNATURE_RULES:

@@ -110,14 +110,37 @@ class RunView:
         return (end - start).total_seconds()
 
 
+EAGER_STAGES = ("config", "build", "eager")  # shared by a class' cells: the tiny model itself
+
+
+def _percent(passed: int, total: int) -> float:
+    return math.floor(1000.0 * passed / total) / 10 if total else 0.0  # 99.95% is not 100.0%
+
+
+def eager_tile(view: RunView) -> dict | None:
+    """Per class (not per cell): did its tiny model build and run in eager? A class counts once, by its first cell
+    that was not skipped; cells failing a shared stage fail it for every backend alike."""
+    first: dict[str, CellRecord] = {}
+    for record in view.records:
+        if record.status not in ("skip", "unavailable"):
+            first.setdefault(record.model_class, record)
+    if not first:
+        return None
+    failed = Counter(category(r) for r in first.values() if r.status != "pass" and r.stage in EAGER_STAGES)
+    passed = len(first) - sum(failed.values())
+    return {"backend": "eager", "shape": "classes", "passed": passed, "total": len(first),
+            "percent": _percent(passed, len(first)), "counts": Counter({"pass": passed}) + failed}  # fmt: skip
+
+
 def tiles(view: RunView) -> list[dict]:
-    result = []
+    eager = eager_tile(view)
+    result = [eager] if eager else []
     for backend, shape in view.columns:
         cells = [r for r in view.records if r.backend == backend and r.shape_mode == shape]
         passed = sum(r.status == "pass" for r in cells)
         result.append(
             {"backend": backend, "shape": shape, "passed": passed, "total": len(cells),
-             "percent": math.floor(1000.0 * passed / len(cells)) / 10 if cells else 0.0,  # 99.95% is not 100.0%
+             "percent": _percent(passed, len(cells)),
              "counts": Counter(category(r) for r in cells)}
         )  # fmt: skip
     return result

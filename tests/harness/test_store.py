@@ -81,3 +81,7 @@ def test_error_signatures_bucket_alike_failures_together():
     second = error_signature("eager", "RuntimeError", "The size of tensor a (4) must match the size of tensor b (8)")
     assert first == second
     assert error_signature("run", "X", "[onnx:run] X: boom at /a/b/c.py:12") == "run: X: boom at <file>:<n>"
+    guard = "GuardOnDataDependentSymNode: Could not guard on data-dependent expression Eq(u12, 0)"
+    assert error_signature("torch-export", "GuardOnDataDependentSymNode", guard) == (
+        "torch-export: GuardOnDataDependentSymNode: Could not guard on data-dependent expression Eq(<sym>, <n>)"
+    ), "the type is named once"

@@ -138,3 +138,16 @@ def test_registry_page_shows_entries_and_stale_verdicts(tmp_path):
     page = (write_report(tmp_path / "run") / "registry.html").read_text()
     assert "because" in page and "pytorch/pytorch/issues/5" in page
     assert "passes now" in page and "passes now: BertModel-onnx-static" in page
+
+
+def test_summary_counts_eager_once_per_class(tmp_path):
+    store = RunStore(tmp_path / "run")
+    store.create({"models": "synthetic"})
+    for backend in ("dynamo", "onnx"):
+        store.write(synthetic_record("BrokenModel", backend=backend, status="fail", stage="eager"))
+        store.write(synthetic_record("ExportFailsModel", backend=backend, status="fail", stage="torch-export"))
+        store.write(synthetic_record("GoodModel", backend=backend))
+    store.write(synthetic_record("SkippedModel", status="skip", stage="config"))
+    summary = (write_report(tmp_path / "run") / "summary.md").read_text()
+    assert "| eager | classes | 2 / 3 | 66.6 |" in summary, "the eager failure counts once, not per backend"
+    assert "| dynamo | static | 1 / 3 | 33.3 |" in summary
