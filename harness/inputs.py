@@ -103,7 +103,7 @@ def _pixel_values(context: Context) -> torch.Tensor:
             context.inputs_so_far["pixel_attention_mask"] = torch.ones(context.batch, 1, *pixels.shape[-2:], dtype=torch.bool)
         return pixels
     frames = getattr(context.sub("vision_config"), "num_frames", None) or getattr(context.config, "num_frames", None)
-    if "KeypointMatching" in name:  # an image pair
+    if layout == "pairs" or "KeypointMatching" in name:  # an image pair
         return context.randn(context.batch, 2, *_image_shape(context))
     if frames and (_int_attr(context.config, "tubelet_size") or "Video" in name or "Vivit" in name or "Timesformer" in name):
         context.label_hint = "video"

@@ -102,6 +102,15 @@ TINY_OVERRIDES: dict[str, dict] = {
                                 **{f"<|visual token {index:06d}|>": 102 + index for index in range(16)}}},
     # the text config alone lacks the initializer_range its weight init reads (the composite config carries it)
     "pix2struct_text_model": {"initializer_range": 0.02},
+    # the flow head is conditioned on the backbone's hidden states: same width (checked by the config)
+    "gradium_phonon_tts": {"flow_head_config.condition_dim": 32},
+    # per-stage, per-block channel lists that must chain into each other and end at hidden_size: one block a stage;
+    "efficientloftr": {"stage_num_blocks": [1, 1, 1, 1], "out_features": [8, 8, 16, 32], "hidden_size": 32,
+                       "stage_in_channels": [1, 8, 8, 16], "stage_block_stride": [[2], [1], [2], [2]],
+                       "stage_block_out_channels": [[8], [8], [16], [32]],
+                       "stage_block_in_channels": [[1], [8], [8], [16]], "fine_fusion_dims": [32, 16, 8],
+                       # its 2-D rotary table fills hidden_size / 4 slots: heads / 2 = partial_rotary_factor (4)
+                       "num_attention_heads": 8, "num_key_value_heads": 8},
 }
 
 # model type -> feature extractor class, where the auto mapping names one that does not make this model's inputs.
@@ -118,6 +127,7 @@ PIXEL_LAYOUTS: dict[str, str] = {
     "llava_next": "tiles",
     "llava_next_video": "tiles",
     "llava_onevision": "tiles",
+    "efficientloftr": "pairs",  # its backbone too reads image pairs, batch x 2 x C x H x W
 }
 
 # model class -> {"atol": ..., "rtol": ..., "backends": [...], "reason": ...}: a tolerance wider than the default,
