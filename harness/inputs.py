@@ -49,7 +49,7 @@ class Context:
     parameters: dict[str, inspect.Parameter]
     special: set[int] = field(default_factory=set)
     inputs_so_far: dict[str, Any] = field(default_factory=dict)
-    label_hint: str = ""  # "video" for video classes
+    label_hint: str = ""  # "video" for video classes; "image" for images fed as hidden_states
 
     def sub(self, *names):
         """The first sub-config of ``names`` the config has, else the config itself."""
@@ -265,7 +265,13 @@ def _merge_sizes(context: Context) -> torch.Tensor:
 
 
 def _hidden_states(context: Context) -> torch.Tensor:
+    if "grid_thw" in context.parameters:  # a Qwen-style vision tower: the flattened patches of its grid
+        grid = _grid_pixel_values(context)
+        context.inputs_so_far["image_grid_thw"] = grid["image_grid_thw"]
+        context.label_hint = "image"
+        return grid["pixel_values"]
     if getattr(context.model, "main_input_name", None) == "pixel_values":  # a vision backbone (Florence-2's DaViT)
+        context.label_hint = "image"
         return _pixel_values(context)
     width = context.get("hidden_size", 32)
     return context.randn(context.batch, context.length, width)
@@ -459,6 +465,8 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
     modalities = [MODALITY_INPUTS[name] for name in inputs if name in MODALITY_INPUTS]
     if context.label_hint == "video":
         modalities = ["video" if m == "image" else m for m in modalities]
+    elif context.label_hint and not modalities:  # an image fed under a generic name (hidden_states)
+        modalities = [context.label_hint]
     if "input_ids" in inputs or "decoder_input_ids" in inputs:
         modalities.insert(0, "text")
     return inputs, "+".join(dict.fromkeys(modalities)) or "other"

@@ -102,6 +102,8 @@ TINY_OVERRIDES: dict[str, dict] = {
                                 **{f"<|visual token {index:06d}|>": 102 + index for index in range(16)}}},
     # the text config alone lacks the initializer_range its weight init reads (the composite config carries it)
     "pix2struct_text_model": {"initializer_range": 0.02},
+    # encoder channels double at each of its four downsampling stages: start narrow, or it alone has 5M weights
+    "dac": {"encoder_hidden_size": 8},
     # the flow head is conditioned on the backbone's hidden states: same width (checked by the config)
     "gradium_phonon_tts": {"flow_head_config.condition_dim": 32},
     # per-stage, per-block channel lists that must chain into each other and end at hidden_size: one block a stage;

@@ -23,6 +23,13 @@ KINDS = {
     "VoxtralForConditionalGeneration": "text+audio",
     "LlavaNextForConditionalGeneration": "text+image",
     "PatchTSTForPrediction": "time-series",
+    "EfficientNetModel": "image",  # zero-initialised norm scales would silence the image
+    "Qwen3VLVisionModel": "image",  # flattened patches fed as hidden_states, with their grid
+    "Florence2VisionBackbone": "image",  # an image fed as hidden_states
+    "EfficientLoFTRModel": "image",  # image pairs; chained per-stage channels
+    "VideoLlama3ForConditionalGeneration": "text+image",  # merge sizes beside the grid
+    "DacModel": "audio",  # mono codec: (batch, 1, samples), as its docstring says
+    "Gemma3nAudioEncoder": "audio",  # mel frames under its own name
 }
 
 
