@@ -76,7 +76,8 @@ class Generator:
             generated.tokens = torch.cat([generated.tokens, token], dim=1)
             if step == max_new_tokens - 1:
                 break
-            named = {name: value for name, value in outputs.items() if name.startswith(CACHE + ".")}
+            # an ExportedProgram may return a cache view (Gemma's transposed keys) and guards its inputs' strides
+            named = {name: value.contiguous() for name, value in outputs.items() if name.startswith(CACHE + ".")}
             name = "decoder_input_ids" if self.encoder_decoder else "input_ids"
             named[name] = token
             if self.encoder_decoder:
@@ -161,6 +162,8 @@ def export_for_generation(
             decode_inputs["attention_mask"] = torch.cat(
                 [prompt["attention_mask"], torch.ones(batch, 1, dtype=prompt["attention_mask"].dtype)], dim=1
             )
+    # trace with the layout the loop feeds back: contiguous (a model may return its cache as transposed views)
+    decode_inputs[CACHE] = torch.utils._pytree.tree_map_only(torch.Tensor, torch.Tensor.contiguous, decode_inputs[CACHE])
     if cache == "static":
         decode_inputs["cache_position"] = torch.tensor([prompt["input_ids"].shape[1]])
         exporter, config = exporter_for(backend)
@@ -188,8 +191,14 @@ def eager_generate(model: torch.nn.Module, inputs: dict[str, Any], max_new_token
         config.decoder_start_token_id = decoder_start_token(model.config)
     if config.pad_token_id is None:
         config.pad_token_id = 0
-    with torch.no_grad():
-        result = model.generate(**prompt, generation_config=config)
+    # generate() fills a passed config's None fields from the model's own (PLBart's forced_eos_token_id=2 would
+    # come back): the model carries the greedy config itself for the call
+    saved, model.generation_config = model.generation_config, config
+    try:
+        with torch.no_grad():
+            result = model.generate(**prompt, generation_config=config)
+    finally:
+        model.generation_config = saved
     sequences = result.sequences
     new = sequences[:, -max_new_tokens:]
     return Generated(new, [logits.float() for logits in result.logits])

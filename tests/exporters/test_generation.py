@@ -57,3 +57,39 @@ def test_unknown_cache_kind_is_refused(tiny):
     model = tiny("LlamaForCausalLM")
     with pytest.raises(ValueError, match="unknown cache 'paged'"):
         export_for_generation(model.model, model.inputs["A"], "dynamo", cache="paged")
+
+
+def test_the_eager_reference_is_plain_greedy_whatever_the_model_config_asks(tiny):
+    model = tiny("LlamaForCausalLM")
+    prompt = {name: value for name, value in model.inputs["A"].items() if not name.startswith("decoder_")}
+    saved = model.model.generation_config.forced_eos_token_id
+    model.model.generation_config.forced_eos_token_id = 5  # PLBart's config forces its EOS at the last step
+    try:
+        reference = eager_generate(model.model, prompt, NEW_TOKENS)
+    finally:
+        model.model.generation_config.forced_eos_token_id = saved
+    tokens = prompt["input_ids"]
+    with torch.no_grad():
+        for _ in range(NEW_TOKENS):
+            mask = torch.ones_like(tokens)
+            tokens = torch.cat([tokens, model.model(input_ids=tokens, attention_mask=mask).logits[:, -1:].argmax(-1)], 1)
+    assert torch.equal(reference.tokens, tokens[:, -NEW_TOKENS:])
+
+
+@pytest.mark.parametrize("backend", ["dynamo", "onnx"])
+def test_a_cache_returned_as_views_feeds_the_next_decode_step(tiny, backend):
+    model = tiny("Gemma2ForCausalLM")  # its sliding-window layers return their keys as a strided slice
+    prompt = {name: value for name, value in model.inputs["A"].items() if not name.startswith("decoder_")}
+    expected = eager_generate(model.model, prompt, NEW_TOKENS)
+    generated = export_for_generation(model.model, prompt, backend).generate(prompt, NEW_TOKENS)
+    assert torch.equal(generated.tokens, expected.tokens)
+
+
+@pytest.mark.xfail(strict=True, reason="open: from the second decode step on, the sliding-window layers' logits "
+                   "drift from eager by ~2e-4 (tokens still equal); the first two steps are exact")
+def test_sliding_window_decode_logits_stay_within_dynamo_tolerance(tiny):
+    model = tiny("Gemma2ForCausalLM")
+    prompt = {name: value for name, value in model.inputs["A"].items() if not name.startswith("decoder_")}
+    expected = eager_generate(model.model, prompt, NEW_TOKENS)
+    generated = export_for_generation(model.model, prompt, "dynamo").generate(prompt, NEW_TOKENS)
+    assert compare_generation(expected, generated, TOLERANCE["dynamo"], TOLERANCE["dynamo"]).ok
