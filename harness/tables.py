@@ -104,6 +104,10 @@ TINY_OVERRIDES: dict[str, dict] = {
     "pix2struct_text_model": {"initializer_range": 0.02},
     # encoder channels double at each of its four downsampling stages: start narrow, or it alone has 5M weights
     "dac": {"encoder_hidden_size": 8},
+    # text-line recognisers downsample the height 16x (server) to 32x and more (mobile): the tiny square image
+    # leaves nothing to pool
+    "pp_ocrv5_mobile_rec": {"image_size": [96, 64]},
+    "pp_ocrv5_server_rec": {"image_size": [48, 64]},
     # the flow head is conditioned on the backbone's hidden states: same width (checked by the config)
     "gradium_phonon_tts": {"flow_head_config.condition_dim": 32},
     # per-stage, per-block channel lists that must chain into each other and end at hidden_size: one block a stage;
