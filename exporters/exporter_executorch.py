@@ -275,6 +275,23 @@ def _fix_unbounded_dynamic_axes(exported_program) -> bool:
 
 
 @register_fx_node_fix("executorch")
+def _fix_empty_of_symbolic_size(graph_module, node) -> bool:
+    """ExecuTorch's memory-format pass turns `empty` into `dim_order_ops._empty_dim_order`, whose size is `int[]`,
+    not `SymInt[]`: converting a dynamic size to int pins it (DeepSeek-V2's MLA `new_empty` pinned batch and
+    length). Its contents are undefined anyway, so zeros serve: `new_zeros`/`zeros` keep their sizes symbolic."""
+    aten = torch.ops.aten
+    replacements = {aten.new_empty.default: aten.new_zeros.default, aten.empty.memory_format: aten.zeros.default}
+    if node.op != "call_function" or node.target not in replacements:
+        return False
+    size = node.args[1] if node.target is aten.new_empty.default else node.args[0]
+    if not any(isinstance(dim, (torch.fx.Node, torch.SymInt)) for dim in size):
+        return False
+    node.target = replacements[node.target]
+    node.kwargs = {key: value for key, value in node.kwargs.items() if key != "memory_format"}
+    return True
+
+
+@register_fx_node_fix("executorch")
 def _fix_python_symbolic_op(graph_module, node) -> bool:
     """Size arithmetic traced as a Python function (`torch.sym_float`): the edge verifier refuses Python functions.
 

@@ -182,3 +182,14 @@ def test_executorch_bucketize_counts_boundaries():
     with disabled_workarounds("_patch_bucketize_as_comparison"):
         with pytest.raises(exporters.ExecutorchExportError, match="bucketize.Tensor is not in Core ATen"):
             exporter.export(model, {"coordinates": coordinates}, config)
+
+
+def test_executorch_empty_of_dynamic_size_keeps_its_axes(tiny):
+    model = tiny("DeepseekV2ForCausalLM")  # its MLA attention expands keys into a `new_empty` of (batch, .., seq, ..)
+    exported = _export(model, "executorch", dynamic=True)
+    assert "_fix_empty_of_symbolic_size" in exported.applied
+    assert all(isinstance(size, str) for size in exported.metadata["input_shapes"]["input_ids"]), "batch and length"
+    assert_parity(exported(**model.inputs["B"]), model.expected["B"], TOLERANCE["executorch"])
+    with disabled_workarounds("_fix_empty_of_symbolic_size"):
+        pinned = _export(model, "executorch", dynamic=True)
+    assert pinned.metadata["input_shapes"]["input_ids"] == [2, 7], "int[] sizes pinned both axes"
