@@ -35,6 +35,7 @@ from .utils import (
     is_backend_internal,
     register_fx_node_fix,
     register_onnx_ir_fix,
+    register_onnx_translation,
     register_patch,
 )
 
@@ -223,6 +224,16 @@ def _fix_reshape_of_strided_view(graph_module, node) -> bool:
 
 # ── Stage 4: ONNX translations ───────────────────────────────────────────────
 # `@register_onnx_translation(torch.ops.aten.<op>.<overload>)` on an onnxscript function `_aten_<op>`.
+
+
+@register_onnx_translation(torch.ops.aten._is_all_true.default)
+def _aten__is_all_true(self):
+    """`Tensor.all()` used as a Python condition (vision-language models check their image tokens in generate's
+    prefill) traces as `_is_all_true`, which torch.onnx has no function for. All true is a minimum of one over the
+    values as integers; an empty tensor's minimum is the largest integer, true as ONNX casts it."""
+    from onnxscript import opset18 as op
+
+    return op.Cast(op.ReduceMin(op.Cast(self, to=7), keepdims=0), to=9)  # 7: INT64, 9: BOOL
 
 
 # ── Stage 5: ONNX IR fixes ───────────────────────────────────────────────────

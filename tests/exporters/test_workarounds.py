@@ -193,3 +193,23 @@ def test_executorch_empty_of_dynamic_size_keeps_its_axes(tiny):
     with disabled_workarounds("_fix_empty_of_symbolic_size"):
         pinned = _export(model, "executorch", dynamic=True)
     assert pinned.metadata["input_shapes"]["input_ids"] == [2, 7], "int[] sizes pinned both axes"
+
+
+class _CheckedTokens(torch.nn.Module):
+    """A vision-language model's prefill checks its image-token mask with a tensor condition."""
+
+    def forward(self, input_ids):
+        torch._check_tensor_all(input_ids >= 0, lambda: "image tokens and features do not match")
+        return input_ids.float() * 2
+
+
+def test_onnx_translates_is_all_true():
+    model = _CheckedTokens().eval()
+    input_ids = torch.tensor([[3, 1, 4], [1, 5, 9]])
+    exporter, config = exporters.exporter_for("onnx")
+    exported = exporter.export(model, {"input_ids": input_ids}, config)
+    assert "_aten__is_all_true" in exported.applied
+    assert torch.equal(next(iter(exported(input_ids=input_ids).values())), model(input_ids))
+    with disabled_workarounds("_aten__is_all_true"):
+        with pytest.raises(exporters.OnnxExportError, match="No ONNX function found for .*_is_all_true"):
+            exporter.export(model, {"input_ids": input_ids}, config)
