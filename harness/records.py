@@ -102,8 +102,10 @@ class CellRecord:
 # ── Error signatures: the same failure in two models reads the same ──────────
 
 _SIGNATURE_RULES = [
+    (re.compile(r"\x1b\[[0-9;]*m"), ""),  # terminal colours (torch.onnx's messages)
     (re.compile(r"/[\w./-]+\.(py|cpp|h)"), "<file>"),  # paths
-    (re.compile(r"0x[0-9a-fA-F]+"), "<addr>"),
+    (re.compile(r"\b0x[0-9a-fA-F]{6,}\b"), "<addr>"),  # addresses; short codes (ExecuTorch's 0x12) stay
+    (re.compile(r"(?<![\w.])(?!0x)\d+(?:x\d+)+(?![\w])"), "<shape>"),  # 48x64, not 0x12
     (re.compile(r"'[^']{40,}'|\"[^\"]{40,}\""), "<str>"),  # long quoted literals
     (re.compile(r"\b[A-Z][A-Za-z0-9]*(?:For[A-Z]\w*|Model|Config|Layer|Attention|Block|Encoder|Decoder)\b"), "<Cls>"),
     (re.compile(r"(?<![\w.])[-+]?\d+(\.\d+)?(e[-+]?\d+)?(?![\w])"), "<n>"),  # numbers

@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.records import SHAPE_MODES, CellRecord
+from harness.records import SHAPE_MODES, CellRecord, error_signature
 from harness.store import RunStore
 
 from exporters.utils import BACKENDS
@@ -76,6 +76,9 @@ class RunView:
         except ValueError:
             metadata = {}
         records = store.records()
+        for record in records:  # the bucketing rules of this version, also for records written by older ones
+            if record.error_signature:
+                record.error_signature = error_signature(record.stage, record.error_type, record.message)
         return cls(Path(directory), metadata, records, {record.cell_id: record for record in records})
 
     @property

@@ -85,3 +85,8 @@ def test_error_signatures_bucket_alike_failures_together():
     assert error_signature("torch-export", "GuardOnDataDependentSymNode", guard) == (
         "torch-export: GuardOnDataDependentSymNode: Could not guard on data-dependent expression Eq(<sym>, <n>)"
     ), "the type is named once"
+    assert error_signature("eager", "RuntimeError", "mat1 and mat2 shapes cannot be multiplied (48x64 and 2048x8)") == (
+        "eager: RuntimeError: mat1 and mat2 shapes cannot be multiplied (<shape> and <shape>)"
+    )
+    executorch = "method->execute() failed with error 0x12 at 0x7f3a2b1c4d00"
+    assert error_signature("run", "RuntimeError", executorch).endswith("error 0x12 at <addr>"), "codes stay apart"
