@@ -200,6 +200,23 @@ def _patch_refix_after_decompositions(original):
 
 
 @register_fx_node_fix("onnx")
+def _fix_number_minus_tensor(graph_module, node) -> bool:
+    """`1.0 - mask` traces as `rsub.Scalar(mask, 1.0)`, which the ONNX decompositions rewrite into
+    `sub.Tensor(1.0, mask)`, a number where the schema wants a tensor: no overload matches ("Cannot find a
+    compatible OpOverload for aten.sub"; XLNet's input mask). `mask * -alpha + 1.0` is the same value and the
+    same type promotion."""
+    if node.op != "call_function" or node.target is not torch.ops.aten.rsub.Scalar:
+        return False
+    tensor, number = node.args[:2]
+    alpha = node.args[2] if len(node.args) > 2 else node.kwargs.get("alpha", 1)
+    with graph_module.graph.inserting_before(node):
+        scaled = graph_module.graph.call_function(torch.ops.aten.mul.Scalar, (tensor, -alpha))
+    scaled.meta["val"] = tensor.meta["val"] * -alpha if "val" in tensor.meta else None
+    node.target, node.args, node.kwargs = torch.ops.aten.add.Scalar, (scaled, number), {}
+    return True
+
+
+@register_fx_node_fix("onnx")
 def _fix_reshape_of_strided_view(graph_module, node) -> bool:
     """`reshape` of a transposed tensor: decompositions turn it into a `view` that their own strides then refuse.
 

@@ -88,7 +88,10 @@ class CellRecord:
     def finish(self) -> CellRecord:
         """Set the headline fields from the stages: the first non-passing stage decides status and stage."""
         self.seconds = round(sum(stage.seconds for stage in self.stages), 4)
-        failed = next((stage for stage in self.stages if stage.status != "pass"), None)
+        failing = [stage for stage in self.stages if stage.status != "pass"]
+        # an outer stage fails with the inner one that raised (torch.onnx's translation runs inside our
+        # decompositions hook): the one holding the error is the one that failed
+        failed = next((stage for stage in failing if stage.error_type), failing[0] if failing else None)
         if failed is None:
             self.status, self.stage = "pass", self.stages[-1].name if self.stages else ""
             self.error_type = self.message = self.error_signature = None

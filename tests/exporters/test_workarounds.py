@@ -213,3 +213,22 @@ def test_onnx_translates_is_all_true():
     with disabled_workarounds("_aten__is_all_true"):
         with pytest.raises(exporters.OnnxExportError, match="No ONNX function found for .*_is_all_true"):
             exporter.export(model, {"input_ids": input_ids}, config)
+
+
+class _InvertedMask(torch.nn.Module):
+    """XLNet's input mask: a number minus the integer attention mask."""
+
+    def forward(self, attention_mask):
+        return 1.0 - attention_mask
+
+
+def test_onnx_number_minus_tensor_survives_decompositions():
+    model = _InvertedMask().eval()
+    attention_mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    exporter, config = exporters.exporter_for("onnx")
+    exported = exporter.export(model, {"attention_mask": attention_mask}, config)
+    assert "_fix_number_minus_tensor" in exported.applied
+    assert torch.equal(next(iter(exported(attention_mask=attention_mask).values())), model(attention_mask))
+    with disabled_workarounds("_fix_number_minus_tensor"):
+        with pytest.raises(exporters.OnnxExportError, match="compatible OpOverload for aten.sub"):
+            exporter.export(model, {"attention_mask": attention_mask}, config)

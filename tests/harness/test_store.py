@@ -90,3 +90,11 @@ def test_error_signatures_bucket_alike_failures_together():
     )
     executorch = "method->execute() failed with error 0x12 at 0x7f3a2b1c4d00"
     assert error_signature("run", "RuntimeError", executorch).endswith("error 0x12 at <addr>"), "codes stay apart"
+
+
+def test_a_failure_is_attributed_to_the_nested_stage_that_raised():
+    record = CellRecord("XLNetModel", "xlnet", "base", "onnx", "static")
+    record.stages = [StageRecord("torch-export", "pass", 1.0), StageRecord("decompositions", "fail", 0.1),
+                     StageRecord("onnx-translation", "fail", 0.2, "RuntimeError", "RuntimeError: no overload")]  # fmt: skip
+    record.finish()
+    assert (record.status, record.stage, record.error_type) == ("fail", "onnx-translation", "RuntimeError")
