@@ -71,8 +71,8 @@ def test_the_eager_reference_is_plain_greedy_whatever_the_model_config_asks(tiny
     tokens = prompt["input_ids"]
     with torch.no_grad():
         for _ in range(NEW_TOKENS):
-            mask = torch.ones_like(tokens)
-            tokens = torch.cat([tokens, model.model(input_ids=tokens, attention_mask=mask).logits[:, -1:].argmax(-1)], 1)
+            logits = model.model(input_ids=tokens, attention_mask=torch.ones_like(tokens)).logits
+            tokens = torch.cat([tokens, logits[:, -1:].argmax(-1)], 1)
     assert torch.equal(reference.tokens, tokens[:, -NEW_TOKENS:])
 
 

@@ -138,8 +138,9 @@ def test_gemma3n_sparsity_quantile_is_a_constant_for_export(tiny, backend, error
     exported = _export(model, backend)
     assert "_patch_gemma3n_constant_icdf" in exported.applied
     assert_parity(exported(**model.inputs["A"]), model.expected["A"], TOLERANCE[backend])
-    with disabled_workarounds("_patch_gemma3n_constant_icdf"), pytest.raises(exporters.ExportError, match=error) as failure:
-        _export(model, backend)
+    with disabled_workarounds("_patch_gemma3n_constant_icdf"):
+        with pytest.raises(exporters.ExportError, match=error) as failure:
+            _export(model, backend)
     assert failure.value.stage == stage
     assert error in failure.value.message.split("\n\n")[0], "the cause leads the message, before any advice"
 
@@ -170,18 +171,6 @@ class _PatchPositions(torch.nn.Module):
         return torch.bucketize(coordinates, self.boundaries, right=True), torch.bucketize(coordinates, self.boundaries)
 
 
-def test_executorch_bucketize_counts_boundaries():
-    coordinates = torch.tensor([[-1.0, 0.0, 0.1, 0.25, 0.3, 0.75, 0.9, 1.0]])
-    model = _PatchPositions().eval()
-    exporter, config = exporters.exporter_for("executorch")
-    exported = exporter.export(model, {"coordinates": coordinates}, config)
-    assert "_patch_bucketize_as_comparison" in exported.applied
-    outputs = list(exported(coordinates=coordinates).values())
-    for got, expected in zip(outputs, model(coordinates), strict=True):
-        assert torch.equal(got, expected)
-    with disabled_workarounds("_patch_bucketize_as_comparison"):
-        with pytest.raises(exporters.ExecutorchExportError, match="bucketize.Tensor is not in Core ATen"):
-            exporter.export(model, {"coordinates": coordinates}, config)
 
 
 def test_executorch_empty_of_dynamic_size_keeps_its_axes(tiny):
@@ -203,16 +192,6 @@ class _CheckedTokens(torch.nn.Module):
         return input_ids.float() * 2
 
 
-def test_onnx_translates_is_all_true():
-    model = _CheckedTokens().eval()
-    input_ids = torch.tensor([[3, 1, 4], [1, 5, 9]])
-    exporter, config = exporters.exporter_for("onnx")
-    exported = exporter.export(model, {"input_ids": input_ids}, config)
-    assert "_aten__is_all_true" in exported.applied
-    assert torch.equal(next(iter(exported(input_ids=input_ids).values())), model(input_ids))
-    with disabled_workarounds("_aten__is_all_true"):
-        with pytest.raises(exporters.OnnxExportError, match="No ONNX function found for .*_is_all_true"):
-            exporter.export(model, {"input_ids": input_ids}, config)
 
 
 class _InvertedMask(torch.nn.Module):
@@ -222,13 +201,25 @@ class _InvertedMask(torch.nn.Module):
         return 1.0 - attention_mask
 
 
-def test_onnx_number_minus_tensor_survives_decompositions():
-    model = _InvertedMask().eval()
-    attention_mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
-    exporter, config = exporters.exporter_for("onnx")
-    exported = exporter.export(model, {"attention_mask": attention_mask}, config)
-    assert "_fix_number_minus_tensor" in exported.applied
-    assert torch.equal(next(iter(exported(attention_mask=attention_mask).values())), model(attention_mask))
-    with disabled_workarounds("_fix_number_minus_tensor"):
-        with pytest.raises(exporters.OnnxExportError, match="compatible OpOverload for aten.sub"):
-            exporter.export(model, {"attention_mask": attention_mask}, config)
+MODULE_CASES = [  # (backend, module, inputs, workaround, error without it)
+    ("executorch", _PatchPositions, {"coordinates": torch.tensor([[-1.0, 0.0, 0.1, 0.25, 0.3, 0.75, 0.9, 1.0]])},
+     "_patch_bucketize_as_comparison", "bucketize.Tensor is not in Core ATen"),
+    ("onnx", _CheckedTokens, {"input_ids": torch.tensor([[3, 1, 4], [1, 5, 9]])},
+     "_aten__is_all_true", "No ONNX function found for .*_is_all_true"),
+    ("onnx", _InvertedMask, {"attention_mask": torch.tensor([[1, 1, 0], [1, 0, 0]])},
+     "_fix_number_minus_tensor", "compatible OpOverload for aten.sub"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("backend, module, inputs, workaround, error", MODULE_CASES, ids=[c[3] for c in MODULE_CASES])
+def test_a_traced_pattern_exports_with_its_workaround_and_fails_without(backend, module, inputs, workaround, error):
+    model = module().eval()
+    exporter, config = exporters.exporter_for(backend)
+    exported = exporter.export(model, inputs, config)
+    assert workaround in exported.applied
+    expected = model(**inputs)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    for got, want in zip(exported(**inputs).values(), expected, strict=True):
+        assert torch.equal(got, want)
+    with disabled_workarounds(workaround), pytest.raises(exporters.ExportError, match=error):
+        exporter.export(model, inputs, config)
