@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.records import SHAPE_MODES, CellRecord, error_signature
+from harness.records import SHAPE_MODES, SHARED_STAGES, CellRecord, error_signature
 from harness.store import RunStore
 
 from exporters.utils import BACKENDS
@@ -113,9 +113,6 @@ class RunView:
         return (end - start).total_seconds()
 
 
-EAGER_STAGES = ("config", "build", "eager")  # shared by a class' cells: the tiny model itself
-
-
 def _percent(passed: int, total: int) -> float:
     return math.floor(1000.0 * passed / total) / 10 if total else 0.0  # 99.95% is not 100.0%
 
@@ -129,7 +126,7 @@ def eager_tile(view: RunView) -> dict | None:
             first.setdefault(record.model_class, record)
     if not first:
         return None
-    failed = Counter(category(r) for r in first.values() if r.status != "pass" and r.stage in EAGER_STAGES)
+    failed = Counter(category(r) for r in first.values() if r.status != "pass" and r.stage in SHARED_STAGES)
     passed = len(first) - sum(failed.values())
     return {"backend": "eager", "shape": "classes", "passed": passed, "total": len(first),
             "percent": _percent(passed, len(first)), "counts": Counter({"pass": passed}) + failed}  # fmt: skip
