@@ -275,6 +275,34 @@ def _fix_unbounded_dynamic_axes(exported_program) -> bool:
 
 
 @register_fx_node_fix("executorch")
+def _fix_attention_output_layout(graph_module, node) -> bool:
+    """The trace takes SDPA's output strides from its fake kernel; to_edge's SDPA decomposition returns other
+    strides, and a `view` the trace recorded downstream no longer fits ("Cannot view a tensor with shape [2, 7, 32]
+    and strides (32, 64, 1)"; GPT-2's projection after attention). A contiguous copy of the output fixes its
+    layout before anything is recorded on it, and the `view`s after it become `reshape`s (they copy only if they
+    must; the graph is functional, nothing relies on the alias)."""
+    if node.op != "call_function" or node.target is not torch.ops.aten.scaled_dot_product_attention.default:
+        return False
+    if any(user.target is torch.ops.aten.clone.default for user in node.users):
+        return False
+    with graph_module.graph.inserting_after(node):
+        copy = graph_module.graph.call_function(
+            torch.ops.aten.clone.default, (node,), {"memory_format": torch.contiguous_format}
+        )
+    copy.meta["val"] = node.meta["val"].clone(memory_format=torch.contiguous_format)
+    node.replace_all_uses_with(copy, delete_user_cb=lambda user: user is not copy)
+    pending = list(copy.users)
+    while pending:  # the views recorded on the old layout
+        user = pending.pop()
+        if user.target is torch.ops.aten.view.default:
+            user.target = torch.ops.aten.reshape.default
+        if user.target in (torch.ops.aten.view.default, torch.ops.aten.reshape.default, torch.ops.aten.transpose.int,
+                           torch.ops.aten.permute.default):  # fmt: skip
+            pending.extend(user.users)
+    return True
+
+
+@register_fx_node_fix("executorch")
 def _fix_empty_of_symbolic_size(graph_module, node) -> bool:
     """ExecuTorch's memory-format pass turns `empty` into `dim_order_ops._empty_dim_order`, whose size is `int[]`,
     not `SymInt[]`: converting a dynamic size to int pins it (DeepSeek-V2's MLA `new_empty` pinned batch and

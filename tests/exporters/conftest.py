@@ -140,10 +140,16 @@ def _deepseek_v2():
     return transformers.DeepseekV2ForCausalLM(config), _text
 
 
+def _gpt2():
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    return transformers.GPT2LMHeadModel(config), _text
+
+
 TINY_MODELS = {
     "CodeGenForCausalLM": _codegen,
     "DeepseekV2ForCausalLM": _deepseek_v2,
     "Gemma2ForCausalLM": _gemma2,
+    "GPT2LMHeadModel": _gpt2,
     "Gemma3nForCausalLM": _gemma3n,
     "Qwen2MoeForCausalLM": _qwen2_moe,
     "Wav2Vec2ForSequenceClassification": _wav2vec2_classifier,

@@ -184,6 +184,17 @@ def test_executorch_empty_of_dynamic_size_keeps_its_axes(tiny):
     assert pinned.metadata["input_shapes"]["input_ids"] == [2, 7], "int[] sizes pinned both axes"
 
 
+def test_executorch_attention_output_gets_one_layout(tiny):
+    model = tiny("GPT2LMHeadModel")  # views its attention output for the projection (Conv1D's x.view(-1, width))
+    exported = _export(model, "executorch")
+    assert "_fix_attention_output_layout" in exported.applied
+    assert_parity(exported(**model.inputs["A"]), model.expected["A"], TOLERANCE["executorch"])
+    with disabled_workarounds("_fix_attention_output_layout"):
+        with pytest.raises(exporters.ExecutorchExportError, match="Cannot view a tensor with shape") as failure:
+            _export(model, "executorch")
+    assert failure.value.stage == "to-edge"
+
+
 class _CheckedTokens(torch.nn.Module):
     """A vision-language model's prefill checks its image-token mask with a tensor condition."""
 
