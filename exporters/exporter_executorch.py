@@ -29,6 +29,7 @@ from .utils import (
     apply_fx_node_fixes,
     apply_fx_program_fixes,
     apply_patches,
+    contiguous_copy,
     is_backend_internal,
     register_executorch_backend,
     register_fx_node_fix,
@@ -286,10 +287,7 @@ def _fix_attention_output_layout(graph_module, node) -> bool:
     if any(user.target is torch.ops.aten.clone.default for user in node.users):
         return False
     with graph_module.graph.inserting_after(node):
-        copy = graph_module.graph.call_function(
-            torch.ops.aten.clone.default, (node,), {"memory_format": torch.contiguous_format}
-        )
-    copy.meta["val"] = node.meta["val"].clone(memory_format=torch.contiguous_format)
+        copy = contiguous_copy(graph_module.graph, node)
     node.replace_all_uses_with(copy, delete_user_cb=lambda user: user is not copy)
     pending = list(copy.users)
     while pending:  # the views recorded on the old layout

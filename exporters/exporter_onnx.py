@@ -32,6 +32,7 @@ from .utils import (
     StageLog,
     apply_fx_node_fixes,
     apply_patches,
+    contiguous_copy,
     is_backend_internal,
     register_fx_node_fix,
     register_onnx_ir_fix,
@@ -231,10 +232,7 @@ def _fix_reshape_of_strided_view(graph_module, node) -> bool:
     if not isinstance(source, torch.fx.Node) or source.target not in layout_ops:
         return False
     with graph_module.graph.inserting_before(node):
-        copy = graph_module.graph.call_function(
-            torch.ops.aten.clone.default, (source,), {"memory_format": torch.contiguous_format}
-        )
-    copy.meta["val"] = source.meta["val"].clone(memory_format=torch.contiguous_format)
+        copy = contiguous_copy(graph_module.graph, source)
     node.replace_input_with(source, copy)
     return True
 

@@ -76,8 +76,7 @@ class Generator:
             generated.tokens = torch.cat([generated.tokens, token], dim=1)
             if step == max_new_tokens - 1:
                 break
-            # an ExportedProgram may return a cache view (Gemma's transposed keys) and guards its inputs' strides
-            named = {name: value.contiguous() for name, value in outputs.items() if name.startswith(CACHE + ".")}
+            named = {name: value for name, value in outputs.items() if name.startswith(CACHE + ".")}
             name = "decoder_input_ids" if self.encoder_decoder else "input_ids"
             named[name] = token
             if self.encoder_decoder:

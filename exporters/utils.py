@@ -343,6 +343,15 @@ def register_fx_node_fix(backend: str):
     return decorator
 
 
+def contiguous_copy(graph, source):
+    """A node copying ``source`` into contiguous memory, with its fake value; call it under ``graph.inserting_*``."""
+    import torch
+
+    copy = graph.call_function(torch.ops.aten.clone.default, (source,), {"memory_format": torch.contiguous_format})
+    copy.meta["val"] = source.meta["val"].clone(memory_format=torch.contiguous_format)
+    return copy
+
+
 def register_fx_program_fix(backend: str):
     """Register ``fix(exported_program) -> bool``: repair a whole program, return whether it changed."""
     check_backend(backend)

@@ -118,21 +118,26 @@ def test_cells_of_one_class_share_the_built_model(tmp_path):
     assert build[0].seconds == build[1].seconds, "built once: both cells carry the same build stage"
 
 
-def test_parity_mismatch_is_recorded_with_diffs_not_raised(tmp_path):
-    """A Dynamo patch that nudges layer norm during the trace: the exported program differs from eager."""
+def _bert_cell_with_layer_norm_patch(shape_mode, factory):
+    """BertModel's Dynamo cell, traced with ``factory`` patching layer norm; the patch is unregistered after."""
     from harness.cells import ClassContext, run_cell
 
     saved = list(utils._PATCHES["dynamo"])
+    utils.register_patch("dynamo", "torch.nn.functional.layer_norm")(factory)
+    try:
+        model = select("BertModel")[0]
+        return run_cell(Cell(model, "dynamo", shape_mode), ClassContext(model))
+    finally:
+        utils._PATCHES["dynamo"][:] = saved
 
-    @utils.register_patch("dynamo", "torch.nn.functional.layer_norm")
+
+def test_parity_mismatch_is_recorded_with_diffs_not_raised(tmp_path):
+    """A Dynamo patch that nudges layer norm during the trace: the exported program differs from eager."""
+
     def _patch_nudge_layer_norm(original):
         return lambda *args, **kwargs: original(*args, **kwargs) + 0.5
 
-    try:
-        model = select("BertModel")[0]
-        record = run_cell(Cell(model, "dynamo", "static"), ClassContext(model))
-    finally:
-        utils._PATCHES["dynamo"][:] = saved
+    record = _bert_cell_with_layer_norm_patch("static", _patch_nudge_layer_norm)
     assert (record.status, record.stage) == ("fail", "parity")
     assert record.max_abs_diff > 1e-4 and record.atol == 1e-4
     assert record.parity["last_hidden_state"]["ok"] is False
@@ -143,18 +148,10 @@ def test_parity_mismatch_is_recorded_with_diffs_not_raised(tmp_path):
 
 def test_axis_the_export_fixed_fails_the_dynamic_cell_by_name(tmp_path):
     """A Dynamo patch that reshapes to the traced batch: torch.export's Dim.AUTO quietly fixes the batch axis."""
-    from harness.cells import ClassContext, run_cell
 
-    saved = list(utils._PATCHES["dynamo"])
-
-    @utils.register_patch("dynamo", "torch.nn.functional.layer_norm")
     def _patch_fix_batch(original):
         return lambda input, *args, **kwargs: original(input.reshape(2, *input.shape[1:]), *args, **kwargs)
 
-    try:
-        model = select("BertModel")[0]
-        record = run_cell(Cell(model, "dynamo", "dynamic"), ClassContext(model))
-    finally:
-        utils._PATCHES["dynamo"][:] = saved
+    record = _bert_cell_with_layer_norm_patch("dynamic", _patch_fix_batch)
     assert (record.status, record.stage) == ("fail", "dynamic-axes")
     assert "input_ids axis 0 = 2 (second set: 3)" in record.message
