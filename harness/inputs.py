@@ -94,6 +94,10 @@ def _pixel_values(context: Context) -> torch.Tensor:
     layout = PIXEL_LAYOUTS.get(context.config.model_type)
     if layout == "patches" or "spatial_shapes" in context.parameters:
         return _patch_pixels(context)
+    if layout == "packed":
+        rows, columns = _target_sizes(context)[0].tolist()
+        patch = getattr(context.sub("vision_config"), "patch_size", PATCH)
+        return context.randn(1, _image_shape(context)[0], patch, context.batch * rows * columns * patch)
     if layout == "tiles":  # the base image plus one tile, with the image size the tiles were cut from
         context.inputs_so_far["image_sizes"] = _image_sizes(context)
         return context.randn(context.batch, 2, *_image_shape(context))
@@ -148,8 +152,16 @@ def _input_features(context: Context) -> torch.Tensor:
         values = features.get("input_features")
         if values is not None:
             return values.float()
+    reader = _first_layer(context.model)
+    if isinstance(reader, torch.nn.Linear):  # stacked frames into a linear layer (Granite Speech): frames first
+        return context.randn(context.batch, 64, reader.in_features)
     positions = getattr(config, "max_source_positions", None)
     return context.randn(context.batch, bins or 80, 2 * positions if positions else 64)
+
+
+def _first_layer(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The first linear or convolution layer a model registers: what its input's last width must match."""
+    return next((m for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d))), None)
 
 
 def _feature_extractor(model_type: str, bins: int | None):
@@ -264,6 +276,13 @@ def _merge_sizes(context: Context) -> torch.Tensor:
     return torch.full((context.batch,), merge, dtype=torch.long)
 
 
+def _target_sizes(context: Context) -> torch.Tensor:
+    """MiniCPM-V: each image's size in patches, (rows, columns)."""
+    patch = getattr(context.sub("vision_config"), "patch_size", PATCH)
+    _channels, height, width = _image_shape(context)
+    return torch.tensor([[height // patch, width // patch]] * context.batch)
+
+
 def _hidden_states(context: Context) -> torch.Tensor:
     if "grid_thw" in context.parameters:  # a Qwen-style vision tower: the flattened patches of its grid
         grid = _grid_pixel_values(context)
@@ -273,7 +292,7 @@ def _hidden_states(context: Context) -> torch.Tensor:
     if getattr(context.model, "main_input_name", None) == "pixel_values":  # a vision backbone (Florence-2's DaViT)
         context.label_hint = "image"
         return _pixel_values(context)
-    width = context.get("hidden_size", 32)
+    width = context.get("input_dim") or context.get("hidden_size", 32)  # input_dim: an encoder's own input width
     return context.randn(context.batch, context.length, width)
 
 
@@ -376,6 +395,7 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     "grid_thw": _grid_thw,
     "image_merge_sizes": _merge_sizes,
     "merge_sizes": _merge_sizes,
+    "target_sizes": _target_sizes,
     "hidden_states": _hidden_states,
     "spectrogram": _spectrogram,
     "audio_mel": lambda context: context.randn(context.batch, 64, context.get("input_feat_size", 128)),
@@ -409,7 +429,7 @@ _RULES: dict[str, Callable[[Context], Any]] = {
 
 # Filled whenever the forward takes them, required or not: callers pass them, and they switch on code paths.
 _ALWAYS = ("attention_mask", "token_type_ids", "decoder_input_ids", "pixel_values", "bbox", "noise", "lang_ids",
-           "visual_feats", "visual_pos", "image_attention_mask", "global_attention_mask", *_TRAJECTORY, *_ENTITIES)
+           "visual_feats", "visual_pos", "image_attention_mask", "global_attention_mask", "target_sizes", *_TRAJECTORY, *_ENTITIES)
 
 
 def _parameters(model) -> dict[str, inspect.Parameter]:

@@ -134,6 +134,12 @@ PIXEL_LAYOUTS: dict[str, str] = {
     "llava_next_video": "tiles",
     "llava_onevision": "tiles",
     "efficientloftr": "pairs",  # its backbone too reads image pairs, batch x 2 x C x H x W
+    # every image's patches side by side in one strip, 1 x C x P x (images * patches * P), with target_sizes
+    "minicpmv4_6": "packed",
+    "minicpmv4_7": "packed",
+    "minicpm_ocr": "packed",
+    "minicpm_ocr_vision": "packed",
+    "minicpmv4_7_vision": "packed",
 }
 
 # model class -> {"atol": ..., "rtol": ..., "backends": [...], "reason": ...}: a tolerance wider than the default,
