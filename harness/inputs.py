@@ -429,7 +429,7 @@ _RULES: dict[str, Callable[[Context], Any]] = {
 
 # Filled whenever the forward takes them, required or not: callers pass them, and they switch on code paths.
 _ALWAYS = ("attention_mask", "token_type_ids", "decoder_input_ids", "pixel_values", "bbox", "noise", "lang_ids",
-           "visual_feats", "visual_pos", "image_attention_mask", "global_attention_mask", "target_sizes", *_TRAJECTORY, *_ENTITIES)
+           "visual_feats", "visual_pos", "image_attention_mask", "global_attention_mask", "target_sizes", "grid_thw", *_TRAJECTORY, *_ENTITIES)
 
 
 def _parameters(model) -> dict[str, inspect.Parameter]:
@@ -542,10 +542,14 @@ def _grid_pixel_values(context: Context) -> dict[str, torch.Tensor]:
     channels = getattr(vision, "in_channels", None) or getattr(vision, "num_channels", None) or 3
     side = 2 * merge
     rows = context.batch * side * side
-    return {
-        "pixel_values": context.randn(rows, channels * temporal * patch * patch),
-        "image_grid_thw": torch.tensor([[1, side, side]] * context.batch),
-    }
+    patch_embedding = next((m for m in context.model.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d))), None)
+    if isinstance(patch_embedding, torch.nn.Conv2d):  # patches as small images (Kimi-K2.5, PaddleOCR-VL)
+        pixels = context.randn(rows, channels, patch, patch)
+    else:  # flattened; Qwen's Conv3d reshapes them itself
+        pixels = context.randn(rows, channels * temporal * patch * patch)
+    if PIXEL_LAYOUTS.get(context.config.model_type) == "batched-grid":
+        pixels = pixels.unsqueeze(0)
+    return {"pixel_values": pixels, "image_grid_thw": torch.tensor([[1, side, side]] * context.batch)}
 
 
 def _features_owner(model, modality: str):

@@ -10,6 +10,9 @@ the layer count), and the per-model-type rows of ``TINY_OVERRIDES`` are applied 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib
+import inspect
 import re
 from typing import Any
 
@@ -126,6 +129,7 @@ _RULES: list[tuple[re.Pattern, Any]] = [
     (r"^(image_size|img_size)$", _image),
     (r"^patch_size$", _big_only(PATCH, PATCH)),
     (r"^(depths|layers_per_stage|num_layers_per_stage|stage_depths)$", _cap(1)),
+    (r"^pos_emb_(height|width)$", None),  # a position grid (square for Kimi-K2.5's resampling), not a width
     # every other width: hidden sizes, embeddings, projections, per-stage channel lists
     (r"(hidden_size|d_model|n_embd|embed_dim|hidden_dim|embedding_size|embedding_dim|projection_dim|proj_dim"
      r"|projection_size|proj_size|projector_dim|d_embed|model_dim|_width$|^width$|widths|^dim$|^dims$|output_dim"
@@ -384,13 +388,25 @@ def _fit_token_ids(values: dict) -> None:
 _DEFAULT_MROPE_SECTION = [16, 24, 24]
 
 
+@functools.cache
+def _reads_rope_sections(config_class) -> bool:
+    """Whether the model splits its rotary by sections: declared by the config, or read by the model with a default
+    of its own (PaddleOCR-VL)."""
+    if "mrope_section" in getattr(config_class, "ignore_keys_at_rope_validation", ()):
+        return True
+    try:
+        modeling = importlib.import_module(config_class.__module__.replace(".configuration_", ".modeling_"))
+        return 'get("mrope_section"' in inspect.getsource(modeling)
+    except Exception:  # no modeling module, or an optional package it needs
+        return False
+
+
 def _fit_rope_sections(config_class, values: dict, head_dim: int) -> None:
     """Multimodal rotary sections (``mrope_section``) must sum to half the head dimension."""
     rope = values.get("rope_parameters")
     if not isinstance(rope, dict):
         return
-    expects_sections = "mrope_section" in getattr(config_class, "ignore_keys_at_rope_validation", ())
-    if expects_sections and "rope_type" in rope and "mrope_section" not in rope:
+    if _reads_rope_sections(config_class) and "rope_type" in rope and "mrope_section" not in rope:
         rope = values["rope_parameters"] = {**rope, "mrope_section": list(_DEFAULT_MROPE_SECTION)}
     for key in ("mrope_section", "mrope_sections"):
         sections = rope.get(key)
