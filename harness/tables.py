@@ -44,6 +44,9 @@ SMOKE_SET = (
 )
 
 # model type -> {config attribute (dotted into sub-configs): value}, applied after the generic shrink.
+_HIERA_STAGES = {"backbone_config.hidden_size": 8, "backbone_config.embed_dim_per_stage": [8, 16, 32, 64],
+                 "backbone_channel_list": [64, 32, 16, 8], "backbone_feature_sizes": [[8, 8], [4, 4], [2, 2]]}
+
 TINY_OVERRIDES: dict[str, dict] = {
     # its default layout has no attention layer at all, which its own masks then ask for
     "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"]},
@@ -93,7 +96,16 @@ TINY_OVERRIDES: dict[str, dict] = {
     "llava_next_video": {"image_grid_pinpoints": [[32, 32]]},
     "llava_onevision": {"image_grid_pinpoints": [[32, 32]]},
     # feature map sizes of a 1024-pixel image at strides 4, 8 and 16: those of the tiny one instead
-    "sam2_vision_model": {"backbone_feature_sizes": [[8, 8], [4, 4], [2, 2]]},
+    # and Hiera pools the skip connection only where the width changes: the stage widths must keep doubling,
+    # and the neck reads them in reverse
+    "sam2_vision_model": _HIERA_STAGES,
+    # the prompt encoder's grid (image / patch) is the 16x-downsampled feature map
+    "sam2": {**{f"vision_config.{key}": value for key, value in _HIERA_STAGES.items()},
+             "prompt_encoder_config.patch_size": 16},
+    "sam2_video": {**{f"vision_config.{key}": value for key, value in _HIERA_STAGES.items()},
+                   "prompt_encoder_config.patch_size": 16},
+    "sam2_hiera_det_model": {key.removeprefix("backbone_config."): value for key, value in _HIERA_STAGES.items()
+                             if key.startswith("backbone_config.")},
     # image tokens reach the text model through a vocabulary map that ships with the checkpoint: 16 codebook
     # entries mapped onto ids of the tiny vocabulary instead; the VQ attention is sized hidden_size, which must
     # equal the last stage's channels (base x multiplier)
