@@ -469,7 +469,15 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
         placeholder = _placeholder_token(model.config, modality)
         tower = "vision_config" if modality == "image" else "audio_config"
         configured_away = tower in vars(model.config) and model.config.__dict__[tower] is None
-        if placeholder is None or "input_ids" not in inputs or configured_away or not _features_owner(model, modality):
+        if placeholder is None or "input_ids" not in inputs or configured_away:
+            continue
+        if not _features_owner(model, modality):
+            if modality == "audio" and feature_input in parameters:  # one placeholder the model expands (Qwen2-Audio)
+                inputs[feature_input] = _input_features(context)
+                inputs["input_ids"][:, 0] = placeholder
+                for name in ("feature_attention_mask", "input_features_mask"):
+                    if name in parameters:
+                        inputs[name] = _feature_mask(context)
             continue
         if feature_input not in inputs and feature_input in parameters and modality == "audio":
             inputs[feature_input] = _input_features(context)  # audio language models: sound next to the text
