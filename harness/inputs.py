@@ -429,7 +429,8 @@ _RULES: dict[str, Callable[[Context], Any]] = {
 
 # Filled whenever the forward takes them, required or not: callers pass them, and they switch on code paths.
 _ALWAYS = ("attention_mask", "token_type_ids", "decoder_input_ids", "pixel_values", "bbox", "noise", "lang_ids",
-           "visual_feats", "visual_pos", "image_attention_mask", "global_attention_mask", "target_sizes", "grid_thw", *_TRAJECTORY, *_ENTITIES)
+           "visual_feats", "visual_pos", "image_attention_mask", "global_attention_mask", "target_sizes", "grid_thw",
+           "input_features", "decoder_input_values", *_TRAJECTORY, *_ENTITIES)
 
 
 def _parameters(model) -> dict[str, inspect.Parameter]:
