@@ -561,11 +561,19 @@ def _grid_pixel_values(context: Context) -> dict[str, torch.Tensor]:
     return {"pixel_values": pixels, "image_grid_thw": torch.tensor([[1, side, side]] * context.batch)}
 
 
+def _encoder_of(model):
+    try:
+        return model.get_encoder()
+    except Exception:  # decoder-only models have none, some raise
+        return None
+
+
 def _features_owner(model, modality: str):
-    """``get_<modality>_features`` of the model, or of its inner ``model`` when the outer one forwards what its
-    signature does not name (``*args``, or fewer parameters than the inner one requires)."""
+    """``get_<modality>_features`` of the model, or of its inner ``model`` or encoder when the outer one forwards
+    what its signature does not name (``*args``, or fewer parameters than the inner one requires)."""
     method = f"get_{modality}_features"
-    found = [getattr(owner, method) for owner in (model, getattr(model, "model", None)) if hasattr(owner, method)]
+    owners = (model, getattr(model, "model", None), _encoder_of(model))  # the encoder: T5Gemma 2's classifiers
+    found = [getattr(owner, method) for owner in owners if hasattr(owner, method)]
 
     def named(candidate) -> int:
         parameters = inspect.signature(candidate).parameters.values()
