@@ -251,9 +251,10 @@ def _past_values(context: Context) -> torch.Tensor:
     length = getattr(config, "context_length", None) or getattr(config, "prediction_length", None) or 32
     lags = getattr(config, "lags_sequence", None)
     length += max(lags) if lags else 0
-    channels = getattr(config, "num_input_channels", None) or getattr(config, "input_size", None) or 1
-    shape = (context.batch, length) if channels == 1 and getattr(config, "input_size", None) == 1 else (context.batch, length, channels)
-    return context.randn(*shape)
+    channels = getattr(config, "num_input_channels", None) or getattr(config, "input_size", None)
+    if channels in (None, 1) and getattr(config, "num_input_channels", None) is None:  # univariate: (batch, time)
+        return context.randn(context.batch, length)
+    return context.randn(context.batch, length, channels)
 
 
 def _image_sizes(context: Context) -> torch.Tensor:
@@ -358,6 +359,9 @@ _TIME_SERIES = {  # covariates of probabilistic forecasters, sized like the seri
     "future_time_features": lambda c: c.randn(c.batch, _series_length(c, True), c.get("num_time_features", 1)),
     "past_observed_mask": lambda c: torch.ones_like(c.inputs_so_far["past_values"])
     if "past_values" in c.inputs_so_far else None,
+    # TimesFM: no step is padding, and one frequency class per series
+    "past_values_padding": lambda c: torch.zeros(c.inputs_so_far["past_values"].shape[:2], dtype=torch.long),
+    "freq": lambda c: torch.zeros(c.batch, 1, dtype=torch.long),
 }
 
 ENTITIES = 2

@@ -121,7 +121,7 @@ _RULES: list[tuple[re.Pattern, Any]] = [
     (r"^(\w+_)?layer_period$", _cap(2)),
     (r"(^|_)vocab_size$", _big_only(VOCAB, 17)),
     (r"^(max_position_embeddings|n_positions|max_source_positions|max_target_positions|max_seq_len"
-     r"|max_sequence_length|n_ctx|max_length|\w+_max_position_embeddings)$", _big_only(POSITIONS, POSITIONS)),
+     r"|max_sequence_length|n_ctx|max_length|context_length|\w+_max_position_embeddings)$", _big_only(POSITIONS, POSITIONS)),
     (r"^(sliding_window|attention_window)$", _big_only(WINDOW, 64)),
     (r"^num_frames$", _cap(4)),
     (r"(intermediate_size|ffn_dim|^d_ff$|^n_inner$|mlp_dim|intermediate_dim|ffn_hidden_size|^dim_feedforward$)",
@@ -406,7 +406,7 @@ def _fit_rope_sections(config_class, values: dict, head_dim: int) -> None:
     rope = values.get("rope_parameters")
     if not isinstance(rope, dict):
         return
-    if _reads_rope_sections(config_class) and "rope_type" in rope and "mrope_section" not in rope:
+    if _reads_rope_sections(config_class) and rope.get("rope_type") == "default" and "mrope_section" not in rope:
         rope = values["rope_parameters"] = {**rope, "mrope_section": list(_DEFAULT_MROPE_SECTION)}
     for key in ("mrope_section", "mrope_sections"):
         sections = rope.get(key)
