@@ -363,10 +363,14 @@ def _fit_token_ids(values: dict) -> None:
     """
     vocab = values.get("vocab_size")
     if not isinstance(vocab, int):
-        vocab = next((v.vocab_size for v in values.values() if _is_config(v) and getattr(v, "vocab_size", None)), None)
+        # a sub-config an override touched is a dict by now
+        vocabs = (v.get("vocab_size") if isinstance(v, dict) else getattr(v, "vocab_size", None) for v in values.values()
+                  if isinstance(v, dict) or _is_config(v))
+        vocab = next((v for v in vocabs if _int(v)), None)
     if not isinstance(vocab, int) or vocab < SPECIAL_FLOOR:
         return
     taken = set().union(*(special_token_ids(v) for v in values.values() if _is_config(v)))
+    taken |= {i for sub in values.values() if isinstance(sub, dict) for k, i in sub.items() if _TOKEN_ID.search(k) and _int(i)}
     taken |= {v for k, v in values.items() if _TOKEN_ID.search(k) and _int(v)}
     for key in sorted(values):
         value = values[key]
