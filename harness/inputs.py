@@ -397,6 +397,7 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     **_TIME_SERIES,
     "image_sizes": _image_sizes,
     "grid_thw": _grid_thw,
+    "image_grid_thw": _grid_thw,
     "image_merge_sizes": _merge_sizes,
     "merge_sizes": _merge_sizes,
     "target_sizes": _target_sizes,
@@ -560,8 +561,12 @@ def _grid_pixel_values(context: Context) -> dict[str, torch.Tensor]:
         pixels = context.randn(rows, channels, patch, patch)
     else:  # flattened; Qwen's Conv3d reshapes them itself
         pixels = context.randn(rows, channels * temporal * patch * patch)
-    if PIXEL_LAYOUTS.get(context.config.model_type) == "batched-grid":
+    layout = PIXEL_LAYOUTS.get(context.config.model_type)
+    if layout == "batched-grid":
         pixels = pixels.unsqueeze(0)
+    elif layout == "merged-blocks":  # each merged block of patches as a small channels-last image
+        pixels = context.randn(rows // (merge * merge), merge * patch, merge * patch, channels)
+        side //= merge  # and the grid counted in blocks
     return {"pixel_values": pixels, "image_grid_thw": torch.tensor([[1, side, side]] * context.batch)}
 
 

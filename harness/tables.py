@@ -149,7 +149,10 @@ PIXEL_LAYOUTS: dict[str, str] = {
     "llava_onevision": "tiles",
     "efficientloftr": "pairs",  # its backbone too reads image pairs, batch x 2 x C x H x W
     # every image's patches side by side in one strip, 1 x C x P x (images * patches * P), with target_sizes
-    "paddleocr_vl_vision": "batched-grid",  # the vision model alone: grid patches with a leading batch of 1
+    "paddleocr_vl_vision": "batched-grid",
+    # grid images cut in merge x merge blocks of patches, each block channels-last: blocks x M*P x M*P x C
+    "inkling2": "merged-blocks",
+    "inkling2_vision": "merged-blocks",  # the vision model alone: grid patches with a leading batch of 1
     "minicpmv4_6": "packed",
     "minicpmv4_7": "packed",
     "minicpm_ocr": "packed",
