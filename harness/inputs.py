@@ -551,7 +551,7 @@ def _grid_pixel_values(context: Context) -> dict[str, torch.Tensor]:
     """Qwen-VL style: every image as flattened patches plus its (t, h, w) patch grid."""
     vision = context.sub("vision_config")
     patch = getattr(vision, "patch_size", 14)
-    temporal = getattr(vision, "temporal_patch_size", 1) or 1
+    temporal = getattr(vision, "temporal_patch_size", None) or getattr(vision, "patch_temporal", None) or 1
     merge = getattr(vision, "spatial_merge_size", 1) or 1
     channels = getattr(vision, "in_channels", None) or getattr(vision, "num_channels", None) or 3
     side = 2 * merge
