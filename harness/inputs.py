@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from .tables import FEATURE_EXTRACTOR_OVERRIDES, PIXEL_LAYOUTS
+from .tables import FEATURE_EXTRACTOR_OVERRIDES, MAIN_INPUTS, PIXEL_LAYOUTS
 from .tiny import IMAGE, PATCH, SPECIAL_FLOOR, special_token_ids, text_vocab
 
 # The two input sets: "A" is exported with, "B" (another batch and length) runs dynamic exports.
@@ -402,6 +402,7 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     "merge_sizes": _merge_sizes,
     "target_sizes": _target_sizes,
     "hidden_states": _hidden_states,
+    "inputs_embeds": lambda context: context.randn(context.batch, context.length, context.get("hidden_size", 32)),
     "spectrogram": _spectrogram,
     "audio_mel": lambda context: context.randn(context.batch, 64, context.get("input_feat_size", 128)),
     "audio_mel_mask": lambda context: torch.zeros(*context.inputs_so_far["audio_mel"].shape[:2], dtype=torch.bool),
@@ -455,12 +456,12 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
         special_token_ids(model.config),
     )  # fmt: skip
     inputs = context.inputs_so_far
-    main = getattr(model, "main_input_name", "input_ids")
+    main = MAIN_INPUTS.get(type(model).__name__) or getattr(model, "main_input_name", "input_ids")
     main = main[0] if isinstance(main, (list, tuple)) else main
     wanted = [main] if main in parameters else []
     for name, parameter in parameters.items():
         required = parameter.default is inspect.Parameter.empty
-        if name not in wanted and (required or name in _ALWAYS or (name == "input_ids" and main != "input_ids" and _takes_text(model))):
+        if name not in wanted and (required or name in _ALWAYS or (name == "input_ids" and main not in ("input_ids", "inputs_embeds") and _takes_text(model))):
             wanted.append(name)
     for name in wanted:
         rule = _RULES.get(name)

@@ -160,6 +160,11 @@ PIXEL_LAYOUTS: dict[str, str] = {
     "minicpmv4_7_vision": "packed",
 }
 
+# model class -> the input its forward really starts from, where main_input_name says otherwise.
+MAIN_INPUTS: dict[str, str] = {
+    "SeamlessM4TTextToUnitModel": "inputs_embeds",  # its encoder refuses token ids: it reads the text model's states
+}
+
 # model class -> {"atol": ..., "rtol": ..., "backends": [...], "reason": ...}: a tolerance wider than the default,
 # shown on the dashboard next to every cell it applies to.
 TOLERANCE_OVERRIDES: dict[str, dict] = {}
