@@ -557,13 +557,11 @@ def _grid_pixel_values(context: Context) -> dict[str, torch.Tensor]:
     channels = getattr(vision, "in_channels", None) or getattr(vision, "num_channels", None) or 3
     side = 2 * merge
     rows = context.batch * side * side
-    patch_embedding = next((m for m in context.model.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d))), None)
-    if isinstance(patch_embedding, torch.nn.Conv2d):  # patches as small images (Kimi-K2.5, PaddleOCR-VL)
-        pixels = context.randn(rows, channels, patch, patch)
-    else:  # flattened; Qwen's Conv3d reshapes them itself
-        pixels = context.randn(rows, channels * temporal * patch * patch)
     layout = PIXEL_LAYOUTS.get(context.config.model_type)
-    if layout == "batched-grid":
+    pixels = context.randn(rows, channels * temporal * patch * patch)  # flattened: the tower reshapes them
+    if layout in ("grid-images", "batched-grid-images"):  # each patch a small image
+        pixels = pixels.reshape(rows, channels, patch, patch)
+    if layout == "batched-grid-images":
         pixels = pixels.unsqueeze(0)
     elif layout == "merged-blocks":  # each merged block of patches as a small channels-last image
         pixels = context.randn(rows // (merge * merge), merge * patch, merge * patch, channels)

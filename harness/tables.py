@@ -148,11 +148,15 @@ PIXEL_LAYOUTS: dict[str, str] = {
     "llava_next_video": "tiles",
     "llava_onevision": "tiles",
     "efficientloftr": "pairs",  # its backbone too reads image pairs, batch x 2 x C x H x W
-    # every image's patches side by side in one strip, 1 x C x P x (images * patches * P), with target_sizes
-    "paddleocr_vl_vision": "batched-grid",
+    # grid patches each as a small image, rows x C x P x P (with a leading batch of 1 for PaddleOCR's tower alone)
+    "kimi_k25": "grid-images",
+    "kimi_k25_vision": "grid-images",
+    "paddleocr_vl": "grid-images",
+    "paddleocr_vl_vision": "batched-grid-images",
     # grid images cut in merge x merge blocks of patches, each block channels-last: blocks x M*P x M*P x C
     "inkling2": "merged-blocks",
-    "inkling2_vision": "merged-blocks",  # the vision model alone: grid patches with a leading batch of 1
+    "inkling2_vision": "merged-blocks",
+    # every image's patches side by side in one strip, 1 x C x P x (images * patches * P), with target_sizes
     "minicpmv4_6": "packed",
     "minicpmv4_7": "packed",
     "minicpm_ocr": "packed",
