@@ -80,8 +80,9 @@ TINY_OVERRIDES: dict[str, dict] = {
                      "in_channels": [32, 16, 24, 40, 80, 112, 192], "out_channels": [16, 24, 40, 80, 112, 192, 320]},
     # the projector maps a known patch count to a query count: 16 patches of a tiny image to 4 queries
     "aria": {"projector_patch_to_query_dict": {16: 4}},
-    # the depth head's bottleneck is a fixed 256 channels unless said otherwise
-    "zoedepth": {"bottleneck_features": 32},
+    # the depth head's bottleneck is a fixed 256 channels unless said otherwise; at the default init scale the
+    # signal fades through its dozens of convolutions until the depth no longer depends on the image
+    "zoedepth": {"bottleneck_features": 32, "initializer_range": 0.2},
     # the last layers read keys and values shared from earlier ones: with two layers, none may share
     "gemma3n_text": {"num_kv_shared_layers": 0},
     "gemma3n": {"text_config.num_kv_shared_layers": 0},
@@ -120,8 +121,11 @@ TINY_OVERRIDES: dict[str, dict] = {
     "dac": {"encoder_hidden_size": 8},
     # text-line recognisers downsample the height 16x (server) to 32x and more (mobile): the tiny square image
     # leaves nothing to pool
-    "pp_ocrv5_mobile_rec": {"image_size": [96, 64]},
-    "pp_ocrv5_server_rec": {"image_size": [48, 64]},
+    # (and at the default init scale the text-line signal fades to nothing before the head)
+    "pp_ocrv5_mobile_rec": {"image_size": [96, 64], "initializer_range": 0.2},
+    "pp_ocrv5_server_rec": {"image_size": [48, 64], "initializer_range": 0.2},
+    # its vision encoder's default init scale is 1e-10: a tiny random model would see no image at all
+    "slanext": {"vision_config.initializer_range": 0.02},
     # the flow head is conditioned on the backbone's hidden states: same width (checked by the config)
     "gradium_phonon_tts": {"flow_head_config.condition_dim": 32},
     # per-stage, per-block channel lists that must chain into each other and end at hidden_size: one block a stage;
