@@ -402,6 +402,9 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     "merge_sizes": _merge_sizes,
     "target_sizes": _target_sizes,
     "hidden_states": _hidden_states,
+    # Qwen2.5-Omni's talker speaks the thinker's reply: its hidden states, and its text for rotary positions
+    "thinker_reply_part": lambda context: context.randn(context.batch, context.length, context.get("embedding_size", 32)),
+    "input_text_ids": lambda context: context.inputs_so_far.get("input_ids"),
     "inputs_embeds": lambda context: context.randn(context.batch, context.length, context.get("hidden_size", 32)),
     "spectrogram": _spectrogram,
     "audio_mel": lambda context: context.randn(context.batch, 64, context.get("input_feat_size", 128)),
@@ -436,7 +439,7 @@ _RULES: dict[str, Callable[[Context], Any]] = {
 # Filled whenever the forward takes them, required or not: callers pass them, and they switch on code paths.
 _ALWAYS = ("attention_mask", "token_type_ids", "decoder_input_ids", "pixel_values", "bbox", "noise", "lang_ids",
            "visual_feats", "visual_pos", "image_attention_mask", "global_attention_mask", "target_sizes", "grid_thw",
-           "input_features", "decoder_input_values", *_TRAJECTORY, *_ENTITIES)
+           "input_features", "decoder_input_values", "thinker_reply_part", "input_text_ids", *_TRAJECTORY, *_ENTITIES)
 
 
 def _parameters(model) -> dict[str, inspect.Parameter]:
