@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from .tables import FEATURE_EXTRACTOR_OVERRIDES, MAIN_INPUTS, PIXEL_LAYOUTS
+from .tables import AUDIO_FRAMES_PER_TOKEN, FEATURE_EXTRACTOR_OVERRIDES, MAIN_INPUTS, PIXEL_LAYOUTS
 from .tiny import IMAGE, PATCH, SPECIAL_FLOOR, special_token_ids, text_vocab
 
 # The two input sets: "A" is exported with, "B" (another batch and length) runs dynamic exports.
@@ -137,6 +137,9 @@ def _input_features(context: Context) -> torch.Tensor:
     2 x max_source_positions) get exactly that many frames."""
     config = context.sub("audio_config", "encoder_config", "encoder")
     bins = getattr(config, "num_mel_bins", None) or getattr(config, "feature_size", None)
+    per_token = AUDIO_FRAMES_PER_TOKEN.get(context.config.model_type)
+    if per_token:
+        return context.randn(context.batch, bins or 80, per_token * context.length)
     extractor = _feature_extractor(context.config.model_type, bins)
     # Whisper-style extractors pad to a fixed chunk; their encoders take exactly 2 x max_source_positions frames.
     positions = getattr(config, "max_source_positions", None) if hasattr(extractor, "chunk_length") else None

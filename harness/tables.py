@@ -147,6 +147,12 @@ FEATURE_EXTRACTOR_OVERRIDES: dict[str, str] = {
     "neucodec": "SeamlessM4TFeatureExtractor",  # its semantic encoder is a wav2vec2-bert
 }
 
+# model type -> mel frames per text token, for models that add the audio to every text position instead of
+# placeholders: the two lengths must agree.
+AUDIO_FRAMES_PER_TOKEN: dict[str, int] = {
+    "voxtral_realtime": 8,  # a stride-2 convolution, then 4 frames merged per token (downsample_factor)
+}
+
 # model type -> how it takes pixels, where its forward signature does not say: "patches" (flattened patches,
 # batch x patches x C*P*P) or "images" (a list of images per sample, batch x 1 x C x H x W).
 PIXEL_LAYOUTS: dict[str, str] = {
