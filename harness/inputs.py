@@ -135,6 +135,8 @@ def _input_features(context: Context) -> torch.Tensor:
     """Audio features made by the model type's own feature extractor from random audio, so their layout (mel bins
     first or frames first), bin count and framing are the model's; encoders with a fixed frame count (Whisper's
     2 x max_source_positions) get exactly that many frames."""
+    if "audio_config" in vars(context.config) and context.config.audio_config is None:
+        return None  # a multimodal class configured without its audio tower by default (Gemma 4)
     config = context.sub("audio_config", "encoder_config", "encoder")
     bins = getattr(config, "num_mel_bins", None) or getattr(config, "feature_size", None)
     per_token = AUDIO_FRAMES_PER_TOKEN.get(context.config.model_type)
