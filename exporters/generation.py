@@ -36,15 +36,46 @@ class Generated:
     logits: list[torch.Tensor] = field(default_factory=list)  # one (batch, vocab) per new token
 
 
+def with_positions(prompt: dict[str, Any]) -> dict[str, Any]:
+    """The prompt with the ``position_ids`` generate() passes a decoder-only model that takes them: counted over the
+    attention mask. Models whose own default differs (RoBERTa offsets by its padding index) then agree with it."""
+    mask = prompt.get("attention_mask")
+    if mask is not None:
+        positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    else:
+        positions = torch.arange(prompt["input_ids"].shape[1]).unsqueeze(0).expand(prompt["input_ids"].shape[0], -1)
+    return {**prompt, "position_ids": positions}
+
+
+def next_token_inputs(previous: dict[str, Any]) -> dict[str, Any]:
+    """What generate() feeds with the next token besides it: the position after the last one, and the last token
+    type again (GPT-J embeds token types)."""
+    step = {}
+    if "position_ids" in previous:
+        step["position_ids"] = previous["position_ids"][:, -1:] + 1
+    if "token_type_ids" in previous:
+        step["token_type_ids"] = previous["token_type_ids"][:, -1:]
+    return step
+
+
+def takes_positions(model: torch.nn.Module) -> bool:
+    """generate() passes positions to decoder-only models whose forward names them."""
+    import inspect
+
+    encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
+    return not encoder_decoder and "position_ids" in inspect.signature(model.forward).parameters
+
+
 class Generator:
     """A prefill and a decode program of one backend, and how to feed one step's outputs to the next."""
 
     def __init__(self, prefill: Exported, decode: Exported, encoder_decoder: bool, static_cache: dict | None,
-                 decoder_start: int | None):  # fmt: skip
+                 decoder_start: int | None, positions: bool = False):  # fmt: skip
         self.prefill, self.decode = prefill, decode
         self.encoder_decoder = encoder_decoder
         self.static_cache = static_cache  # zero cache tensors by name, for a StaticCache prefill
         self.decoder_start = decoder_start
+        self.positions = positions  # position_ids are an input, as generate() passes them
 
     @property
     def applied(self) -> list[str]:
@@ -58,8 +89,11 @@ class Generator:
     def generate(self, inputs: dict[str, Any], max_new_tokens: int) -> Generated:
         """Greedy decoding of ``max_new_tokens`` tokens for the prompt ``inputs``."""
         prompt = {name: value for name, value in inputs.items() if not name.startswith("decoder_")}
+        if self.positions:
+            prompt = with_positions(prompt)
         batch = next(iter(named_leaves(prompt).values())).shape[0]
         named = dict(named_leaves(prompt))
+        per_token = {name: named[name] for name in ("position_ids", "token_type_ids") if name in named}
         if self.encoder_decoder:
             named["decoder_input_ids"] = torch.full((batch, 1), self.decoder_start, dtype=torch.long)
         mask = named.get("attention_mask")
@@ -79,6 +113,9 @@ class Generator:
             named = {name: value for name, value in outputs.items() if name.startswith(CACHE + ".")}
             name = "decoder_input_ids" if self.encoder_decoder else "input_ids"
             named[name] = token
+            if not self.encoder_decoder:
+                per_token = next_token_inputs(per_token)
+                named.update(per_token)
             if self.encoder_decoder:
                 named["encoder_outputs.0"] = outputs.get(ENCODER_STATES, named.get("encoder_outputs.0"))
                 if mask is not None:
@@ -121,6 +158,9 @@ def export_for_generation(
     if encoder_decoder and cache == "static":
         raise ValueError("a static cache is for decoder-only models here; encoder-decoder models use the dynamic one")
     prompt = {name: value for name, value in inputs.items() if not name.startswith("decoder_")}
+    positions = takes_positions(model)
+    if positions:
+        prompt = with_positions(prompt)
     batch = next(iter(named_leaves(prompt).values())).shape[0]
     start = decoder_start_token(model.config)
 
@@ -157,6 +197,7 @@ def export_for_generation(
         decode_inputs.update({CACHE: second.past_key_values, "decoder_input_ids": second.logits[:, -1:].argmax(dim=-1)})
     else:
         decode_inputs["input_ids"] = token
+        decode_inputs.update(next_token_inputs(prompt))
         if "attention_mask" in prompt and cache != "static":
             decode_inputs["attention_mask"] = torch.cat(
                 [prompt["attention_mask"], torch.ones(batch, 1, dtype=prompt["attention_mask"].dtype)], dim=1
@@ -175,7 +216,7 @@ def export_for_generation(
                 shapes[name] = (None,)
         exporter, config = exporter_for(backend, dynamic=True, dynamic_shapes=shapes)
     decode = exporter.export(model, copy.deepcopy(decode_inputs), config)
-    return Generator(prefill, decode, encoder_decoder, static_cache, start)
+    return Generator(prefill, decode, encoder_decoder, static_cache, start, positions)
 
 
 def eager_generate(model: torch.nn.Module, inputs: dict[str, Any], max_new_tokens: int) -> Generated:

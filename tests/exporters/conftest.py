@@ -145,7 +145,26 @@ def _gpt2():
     return transformers.GPT2LMHeadModel(config), _text
 
 
+def _roberta_lm():
+    config = transformers.RobertaConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+        max_position_embeddings=64, is_decoder=True,
+    )
+    return transformers.RobertaForCausalLM(config), _text
+
+
+def _gptj():
+    config = transformers.GPTJConfig(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=64)
+
+    def inputs(batch, length):  # GPT-J embeds token types with its word embeddings
+        return {**_text(batch, length), "token_type_ids": torch.randint(0, 2, (batch, length))}
+
+    return transformers.GPTJForCausalLM(config), inputs
+
+
 TINY_MODELS = {
+    "RobertaForCausalLM": _roberta_lm,
+    "GPTJForCausalLM": _gptj,
     "CodeGenForCausalLM": _codegen,
     "DeepseekV2ForCausalLM": _deepseek_v2,
     "Gemma2ForCausalLM": _gemma2,
