@@ -28,6 +28,13 @@ from .utils import named_leaves
 CACHE_KINDS = ("dynamic", "static")
 CACHE = "past_key_values"
 ENCODER_STATES = "encoder_last_hidden_state"
+ENCODER_INPUT = "encoder_outputs.last_hidden_state"
+
+
+def encoder_output(states: torch.Tensor):
+    from transformers.modeling_outputs import BaseModelOutput
+
+    return BaseModelOutput(last_hidden_state=states)
 
 
 @dataclass
@@ -117,10 +124,10 @@ class Generator:
                 per_token = next_token_inputs(per_token)
                 named.update(per_token)
             if self.encoder_decoder:
-                named["encoder_outputs.0"] = outputs.get(ENCODER_STATES, named.get("encoder_outputs.0"))
+                named[ENCODER_INPUT] = outputs.get(ENCODER_STATES, named.get(ENCODER_INPUT))
                 if mask is not None:
                     named["attention_mask"] = mask
-                encoder_states = named["encoder_outputs.0"]
+                encoder_states = named[ENCODER_INPUT]
             elif self.static_cache is None and mask is not None:  # a static cache masks by cache_position
                 mask = torch.cat([mask, torch.ones(batch, 1, dtype=mask.dtype)], dim=1)
                 named["attention_mask"] = mask
@@ -188,7 +195,8 @@ def export_for_generation(
     token = first.logits[:, -1:].argmax(dim=-1)
     decode_inputs: dict[str, Any] = {CACHE: first.past_key_values, "use_cache": True}
     if encoder_decoder:
-        decode_inputs.update(decoder_input_ids=token, encoder_outputs=(first.encoder_last_hidden_state,))
+        # as a model output, not a tuple: some decoders read encoder_outputs.last_hidden_state (Florence-2, Canary)
+        decode_inputs.update(decoder_input_ids=token, encoder_outputs=encoder_output(first.encoder_last_hidden_state))
         if "attention_mask" in prompt:
             decode_inputs["attention_mask"] = prompt["attention_mask"]
         # one more eager step: a self-attention cache of length 1 would be specialised to 1 by the trace
@@ -213,7 +221,7 @@ def export_for_generation(
             if name != CACHE and isinstance(value, torch.Tensor):
                 shapes[name] = {1: torch.export.Dim.AUTO} if name == "attention_mask" and not encoder_decoder else None
             elif name == "encoder_outputs":
-                shapes[name] = (None,)
+                shapes[name] = [None]  # a ModelOutput flattens to the list of its fields
         exporter, config = exporter_for(backend, dynamic=True, dynamic_shapes=shapes)
     decode = exporter.export(model, copy.deepcopy(decode_inputs), config)
     return Generator(prefill, decode, encoder_decoder, static_cache, start, positions)
