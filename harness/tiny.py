@@ -370,7 +370,8 @@ def _fit_token_ids(values: dict) -> None:
     if not isinstance(vocab, int) or vocab < SPECIAL_FLOOR:
         return
     taken = set().union(*(special_token_ids(v) for v in values.values() if _is_config(v)))
-    taken |= {i for sub in values.values() if isinstance(sub, dict) for k, i in sub.items() if _TOKEN_ID.search(k) and _int(i)}
+    taken |= {i for sub in values.values() if isinstance(sub, dict)
+              for k, i in sub.items() if isinstance(k, str) and _TOKEN_ID.search(k) and _int(i)}
     taken |= {v for k, v in values.items() if _TOKEN_ID.search(k) and _int(v)}
     for key in sorted(values):
         value = values[key]
