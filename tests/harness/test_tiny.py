@@ -30,6 +30,21 @@ KINDS = {
     "VideoLlama3ForConditionalGeneration": "text+image",  # merge sizes beside the grid
     "DacModel": "audio",  # mono codec: (batch, 1, samples), as its docstring says
     "Gemma3nAudioEncoder": "audio",  # mel frames under its own name
+    "GraniteSpeechForConditionalGeneration": "text+audio",  # no extractor here: as wide as the layer reading them
+    "Qwen2AudioForConditionalGeneration": "text+audio",  # one audio placeholder, which the model expands
+    "VoxtralRealtimeForConditionalGeneration": "text+audio",  # mel frames in step with the text
+    "MiniCPMV4_6ForConditionalGeneration": "text+image",  # images packed in one strip, with target_sizes
+    "Kimi_K25VisionModel": "image",  # grid patches as small images; a square position grid
+    "PaddleOCRVLForConditionalGeneration": "text+image",  # rotary sections the model reads with its own default
+    "Inkling2ForConditionalGeneration": "text+image",  # channels-last blocks of merged patches
+    "T5Gemma2ForSequenceClassification": "text+image",  # placeholders counted by the encoder's image features
+    "CohereCompassForConditionalGeneration": "text+image",  # placeholder ids fit a text config an override touched
+    "Sam2VisionModel": "image",  # Hiera's stage widths keep doubling
+    "ZoeDepthForDepthEstimation": "image",  # an init scale at which the image reaches the depth
+    "PPDocLayoutV2ForObjectDetection": "image",  # class thresholds that only checkpoints carry
+    "TimesFm2_5Model": "time-series",  # univariate (batch, time) series
+    "SpeechT5ForTextToSpeech": "text",  # its prenet drops out in eval mode unless told not to
+    "SeamlessM4TTextToUnitModel": "text",  # starts from embeddings, not token ids
 }
 
 
