@@ -77,6 +77,11 @@ class Context:
         return torch.randn(*shape, generator=self.generator)
 
 
+def _configured_away(config, tower: str) -> bool:
+    """A multimodal class whose default config leaves a tower out (Gemma 4 without audio): feed it nothing."""
+    return tower in vars(config) and vars(config)[tower] is None
+
+
 def _image_shape(context: Context) -> tuple[int, int, int]:
     vision = context.sub("vision_config", "backbone_config", "encoder_config", "encoder")
     size = getattr(vision, "image_size", None) or getattr(context.config, "image_size", None) or IMAGE
@@ -88,8 +93,8 @@ def _image_shape(context: Context) -> tuple[int, int, int]:
 def _pixel_values(context: Context) -> torch.Tensor:
     """Images in the layout the model reads: (batch, C, H, W) mostly; a list of images per sample (batch, 1, C, H,
     W) for models with an image mask; flattened patches (batch, patches, C*P*P) for patch-native encoders."""
-    if "vision_config" in vars(context.config) and context.config.vision_config is None:
-        return None  # a multimodal class configured text-only by default
+    if _configured_away(context.config, "vision_config"):
+        return None
     name = type(context.model).__name__
     layout = PIXEL_LAYOUTS.get(context.config.model_type)
     if layout == "patches" or "spatial_shapes" in context.parameters:
@@ -135,8 +140,8 @@ def _input_features(context: Context) -> torch.Tensor:
     """Audio features made by the model type's own feature extractor from random audio, so their layout (mel bins
     first or frames first), bin count and framing are the model's; encoders with a fixed frame count (Whisper's
     2 x max_source_positions) get exactly that many frames."""
-    if "audio_config" in vars(context.config) and context.config.audio_config is None:
-        return None  # a multimodal class configured without its audio tower by default (Gemma 4)
+    if _configured_away(context.config, "audio_config"):
+        return None
     config = context.sub("audio_config", "encoder_config", "encoder")
     bins = getattr(config, "num_mel_bins", None) or getattr(config, "feature_size", None)
     per_token = AUDIO_FRAMES_PER_TOKEN.get(context.config.model_type)
@@ -166,7 +171,8 @@ def _input_features(context: Context) -> torch.Tensor:
 
 def _first_layer(model: torch.nn.Module) -> torch.nn.Module | None:
     """The first linear or convolution layer a model registers: what its input's last width must match."""
-    return next((m for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d))), None)
+    layers = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d)
+    return next((module for module in model.modules() if isinstance(module, layers)), None)
 
 
 def _feature_extractor(model_type: str, bins: int | None):
@@ -408,7 +414,7 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     "target_sizes": _target_sizes,
     "hidden_states": _hidden_states,
     # Qwen2.5-Omni's talker speaks the thinker's reply: its hidden states, and its text for rotary positions
-    "thinker_reply_part": lambda context: context.randn(context.batch, context.length, context.get("embedding_size", 32)),
+    "thinker_reply_part": lambda c: c.randn(c.batch, c.length, c.get("embedding_size", 32)),
     "input_text_ids": lambda context: context.inputs_so_far.get("input_ids"),
     "inputs_embeds": lambda context: context.randn(context.batch, context.length, context.get("hidden_size", 32)),
     "spectrogram": _spectrogram,
@@ -469,7 +475,8 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
     wanted = [main] if main in parameters else []
     for name, parameter in parameters.items():
         required = parameter.default is inspect.Parameter.empty
-        if name not in wanted and (required or name in _ALWAYS or (name == "input_ids" and main not in ("input_ids", "inputs_embeds") and _takes_text(model))):
+        text_beside = name == "input_ids" and main not in ("input_ids", "inputs_embeds") and _takes_text(model)
+        if name not in wanted and (required or name in _ALWAYS or text_beside):
             wanted.append(name)
     for name in wanted:
         rule = _RULES.get(name)
@@ -483,8 +490,7 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
     for modality, feature_input in (("image", "pixel_values"), ("audio", "input_features")):
         placeholder = _placeholder_token(model.config, modality)
         tower = "vision_config" if modality == "image" else "audio_config"
-        configured_away = tower in vars(model.config) and model.config.__dict__[tower] is None
-        if placeholder is None or "input_ids" not in inputs or configured_away:
+        if placeholder is None or "input_ids" not in inputs or _configured_away(model.config, tower):
             continue
         if not _features_owner(model, modality):
             if modality == "audio" and feature_input in parameters:  # one placeholder the model expands (Qwen2-Audio)

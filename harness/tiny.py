@@ -121,7 +121,8 @@ _RULES: list[tuple[re.Pattern, Any]] = [
     (r"^(\w+_)?layer_period$", _cap(2)),
     (r"(^|_)vocab_size$", _big_only(VOCAB, 17)),
     (r"^(max_position_embeddings|n_positions|max_source_positions|max_target_positions|max_seq_len"
-     r"|max_sequence_length|n_ctx|max_length|context_length|\w+_max_position_embeddings)$", _big_only(POSITIONS, POSITIONS)),
+     r"|max_sequence_length|n_ctx|max_length|context_length|\w+_max_position_embeddings)$",
+     _big_only(POSITIONS, POSITIONS)),
     (r"^(sliding_window|attention_window)$", _big_only(WINDOW, 64)),
     (r"^num_frames$", _cap(4)),
     (r"(intermediate_size|ffn_dim|^d_ff$|^n_inner$|mlp_dim|intermediate_dim|ffn_hidden_size|^dim_feedforward$)",
@@ -364,8 +365,8 @@ def _fit_token_ids(values: dict) -> None:
     vocab = values.get("vocab_size")
     if not isinstance(vocab, int):
         # a sub-config an override touched is a dict by now
-        vocabs = (v.get("vocab_size") if isinstance(v, dict) else getattr(v, "vocab_size", None) for v in values.values()
-                  if isinstance(v, dict) or _is_config(v))
+        subs = [v for v in values.values() if isinstance(v, dict) or _is_config(v)]
+        vocabs = (v.get("vocab_size") if isinstance(v, dict) else getattr(v, "vocab_size", None) for v in subs)
         vocab = next((v for v in vocabs if _int(v)), None)
     if not isinstance(vocab, int) or vocab < SPECIAL_FLOOR:
         return
