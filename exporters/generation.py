@@ -8,8 +8,10 @@ them in their runtime with no eager model in the loop.
 - encoder-decoder models (T5, BART, Whisper): prefill runs the encoder and the first decoder step; decode steps take
   the encoder's hidden states and an ``EncoderDecoderCache``.
 
-The cache travels between steps as named tensors (``past_key_values.layers.0.keys``): one step's outputs are the
-next step's inputs, whatever runtime runs them.
+The cache travels between steps as named tensors (``past_key_values.layers.0.keys``, ``cache_params.…`` for
+state-space models): one step's outputs are the next step's inputs, whatever runtime runs them. Each step gets the
+inputs generate() would give it (positions counted over the attention mask, the last token type again), so the
+tokens are generate()'s.
 """
 
 from __future__ import annotations
@@ -27,6 +29,13 @@ from .utils import named_leaves
 
 CACHE_KINDS = ("dynamic", "static")
 CACHE = "past_key_values"
+STATE_SPACE_CACHE = "cache_params"  # Mamba-style models name their cache so
+
+
+def cache_name(model: torch.nn.Module) -> str:
+    import inspect
+
+    return STATE_SPACE_CACHE if STATE_SPACE_CACHE in inspect.signature(model.forward).parameters else CACHE
 ENCODER_STATES = "encoder_last_hidden_state"
 ENCODER_INPUT = "encoder_outputs.last_hidden_state"
 
@@ -77,12 +86,13 @@ class Generator:
     """A prefill and a decode program of one backend, and how to feed one step's outputs to the next."""
 
     def __init__(self, prefill: Exported, decode: Exported, encoder_decoder: bool, static_cache: dict | None,
-                 decoder_start: int | None, positions: bool = False):  # fmt: skip
+                 decoder_start: int | None, positions: bool = False, cache: str = CACHE):  # fmt: skip
         self.prefill, self.decode = prefill, decode
         self.encoder_decoder = encoder_decoder
         self.static_cache = static_cache  # zero cache tensors by name, for a StaticCache prefill
         self.decoder_start = decoder_start
         self.positions = positions  # position_ids are an input, as generate() passes them
+        self.cache = cache  # the name the cache travels under
 
     @property
     def applied(self) -> list[str]:
@@ -117,7 +127,7 @@ class Generator:
             generated.tokens = torch.cat([generated.tokens, token], dim=1)
             if step == max_new_tokens - 1:
                 break
-            named = {name: value for name, value in outputs.items() if name.startswith(CACHE + ".")}
+            named = {name: value for name, value in outputs.items() if name.startswith(self.cache + ".")}
             name = "decoder_input_ids" if self.encoder_decoder else "input_ids"
             named[name] = token
             if not self.encoder_decoder:
@@ -128,7 +138,8 @@ class Generator:
                 if mask is not None:
                     named["attention_mask"] = mask
                 encoder_states = named[ENCODER_INPUT]
-            elif self.static_cache is None and mask is not None:  # a static cache masks by cache_position
+            elif self.static_cache is None and mask is not None and self.cache == CACHE:
+                # a static cache masks by cache_position; a state-space step reads no mask (generate() drops it)
                 mask = torch.cat([mask, torch.ones(batch, 1, dtype=mask.dtype)], dim=1)
                 named["attention_mask"] = mask
             if self.static_cache is not None:
@@ -193,7 +204,8 @@ def export_for_generation(
     with torch.no_grad():
         first = model(**copy.deepcopy(prefill_inputs))
     token = first.logits[:, -1:].argmax(dim=-1)
-    decode_inputs: dict[str, Any] = {CACHE: first.past_key_values, "use_cache": True}
+    cache_input = cache_name(model)
+    decode_inputs: dict[str, Any] = {cache_input: getattr(first, cache_input), "use_cache": True}
     if encoder_decoder:
         # as a model output, not a tuple: some decoders read encoder_outputs.last_hidden_state (Florence-2, Canary)
         decode_inputs.update(decoder_input_ids=token, encoder_outputs=encoder_output(first.encoder_last_hidden_state))
@@ -206,25 +218,27 @@ def export_for_generation(
     else:
         decode_inputs["input_ids"] = token
         decode_inputs.update(next_token_inputs(prompt))
-        if "attention_mask" in prompt and cache != "static":
+        if "attention_mask" in prompt and cache != "static" and cache_input == CACHE:
             decode_inputs["attention_mask"] = torch.cat(
                 [prompt["attention_mask"], torch.ones(batch, 1, dtype=prompt["attention_mask"].dtype)], dim=1
             )
     # trace with the layout the loop feeds back: contiguous (a model may return its cache as transposed views)
-    decode_inputs[CACHE] = torch.utils._pytree.tree_map_only(torch.Tensor, torch.Tensor.contiguous, decode_inputs[CACHE])
+    decode_inputs[cache_input] = torch.utils._pytree.tree_map_only(
+        torch.Tensor, torch.Tensor.contiguous, decode_inputs[cache_input]
+    )
     if cache == "static":
         decode_inputs["cache_position"] = torch.tensor([prompt["input_ids"].shape[1]])
         exporter, config = exporter_for(backend)
     else:  # the cache grows by one position per step: its length is a dynamic axis
-        shapes = {CACHE: auto_dynamic_shapes(decode_inputs[CACHE])}
+        shapes = {cache_input: auto_dynamic_shapes(decode_inputs[cache_input])}
         for name, value in decode_inputs.items():
-            if name != CACHE and isinstance(value, torch.Tensor):
+            if name != cache_input and isinstance(value, torch.Tensor):
                 shapes[name] = {1: torch.export.Dim.AUTO} if name == "attention_mask" and not encoder_decoder else None
             elif name == "encoder_outputs":
                 shapes[name] = [None]  # a ModelOutput flattens to the list of its fields
         exporter, config = exporter_for(backend, dynamic=True, dynamic_shapes=shapes)
     decode = exporter.export(model, copy.deepcopy(decode_inputs), config)
-    return Generator(prefill, decode, encoder_decoder, static_cache, start, positions)
+    return Generator(prefill, decode, encoder_decoder, static_cache, start, positions, cache_input)
 
 
 def eager_generate(model: torch.nn.Module, inputs: dict[str, Any], max_new_tokens: int) -> Generated:

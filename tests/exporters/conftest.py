@@ -162,7 +162,13 @@ def _gptj():
     return transformers.GPTJForCausalLM(config), inputs
 
 
+def _mamba():
+    config = transformers.MambaConfig(vocab_size=VOCAB, hidden_size=32, state_size=4, num_hidden_layers=2, expand=2)
+    return transformers.MambaForCausalLM(config), _text
+
+
 TINY_MODELS = {
+    "MambaForCausalLM": _mamba,
     "RobertaForCausalLM": _roberta_lm,
     "GPTJForCausalLM": _gptj,
     "CodeGenForCausalLM": _codegen,

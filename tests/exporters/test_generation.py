@@ -96,6 +96,15 @@ def test_positions_and_token_types_are_fed_as_generate_feeds_them(tiny, model_na
     assert compare_generation(expected, generated, TOLERANCE["dynamo"], TOLERANCE["dynamo"]).ok
 
 
+@pytest.mark.parametrize("backend", ["dynamo", "onnx"])
+def test_a_state_space_cache_travels_as_cache_params_and_decode_takes_no_mask(tiny, backend):
+    model = tiny("MambaForCausalLM")
+    prompt = {name: value for name, value in model.inputs["A"].items() if not name.startswith("decoder_")}
+    expected = eager_generate(model.model, prompt, NEW_TOKENS)
+    generated = export_for_generation(model.model, prompt, backend).generate(prompt, NEW_TOKENS)
+    assert compare_generation(expected, generated, TOLERANCE[backend], TOLERANCE[backend]).ok
+
+
 def test_sliding_window_decode_logits_stay_within_dynamo_tolerance(tiny):
     # drifted by ~2e-4 from the third step while decode steps took no position_ids
     model = tiny("Gemma2ForCausalLM")
