@@ -115,6 +115,8 @@ TINY_OVERRIDES: dict[str, dict] = {
                                 **{f"<|visual token {index:06d}|>": 102 + index for index in range(16)}}},
     # its speech decoder prenet drops out in eval mode too (by design, for variety): no randomness in a parity test
     "speecht5": {"speech_decoder_prenet_dropout": 0.0},
+    # five vision layers' features are concatenated, picked down to layer -11: five that a 2-layer tower has
+    "vipllava": {"vision_feature_layers": [-2, -3, 0, 1, 2]},
     # per-class detection thresholds and reading order ship with checkpoints (None by default): one per tiny label
     "pp_doclayout_v2": {"class_thresholds": [0.5, 0.5], "class_order": [0, 1]},
     # the quantizer reads the concatenated acoustic and semantic states: its width is their sum

@@ -45,6 +45,8 @@ KINDS = {
     "TimesFm2_5Model": "time-series",  # univariate (batch, time) series
     "SpeechT5ForTextToSpeech": "text",  # its prenet drops out in eval mode unless told not to
     "SeamlessM4TTextToUnitModel": "text",  # starts from embeddings, not token ids
+    "InstructBlipVideoForConditionalGeneration": "text+video",  # clips under the name pixel_values
+    "VipLlavaForConditionalGeneration": "text+image",  # the vision layers it concatenates exist in a tiny tower
 }
 
 
