@@ -52,6 +52,20 @@ class Generated:
     logits: list[torch.Tensor] = field(default_factory=list)  # one (batch, vocab) per new token
 
 
+def generation_prompt(model: torch.nn.Module, inputs: dict[str, Any]) -> dict[str, Any]:
+    """The prompt as generate() passes it to a decoder-only model's first step: without the inputs its
+    ``prepare_inputs_for_generation`` drops (CTRL makes its own token types)."""
+    prompt = {name: value for name, value in inputs.items() if not name.startswith("decoder_")}
+    if getattr(model.config, "is_encoder_decoder", False) or "input_ids" not in prompt:
+        return prompt
+    rest = {name: value for name, value in prompt.items() if name != "input_ids"}
+    try:
+        passed = model.prepare_inputs_for_generation(prompt["input_ids"], **rest, use_cache=True, is_first_iteration=True)
+    except Exception:  # a model whose preparation needs more than a prompt: keep the prompt whole
+        return prompt
+    return {name: value for name, value in prompt.items() if name == "input_ids" or passed.get(name) is not None}
+
+
 def with_positions(prompt: dict[str, Any]) -> dict[str, Any]:
     """The prompt with the ``position_ids`` generate() passes a decoder-only model that takes them: counted over the
     attention mask. Models whose own default differs (RoBERTa offsets by its padding index) then agree with it."""

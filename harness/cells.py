@@ -358,9 +358,9 @@ GENERATED_TOKENS = 8
 
 def _run_generate(cell: Cell, context: ClassContext, record: CellRecord, on_stage) -> CellRecord:
     """Prefill and decode programs, a greedy loop through them in the backend's runtime, tokens against eager's."""
-    from exporters.generation import compare_generation, eager_generate, export_for_generation
+    from exporters.generation import compare_generation, eager_generate, export_for_generation, generation_prompt
 
-    prompt = {name: value for name, value in context.inputs["A"].items() if not name.startswith("decoder_")}
+    prompt = generation_prompt(context.model, context.inputs["A"])
     results: dict = {}
     steps = [
         ("reference", lambda: results.setdefault("eager", eager_generate(context.model, prompt, GENERATED_TOKENS))),

@@ -167,7 +167,17 @@ def _mamba():
     return transformers.MambaForCausalLM(config), _text
 
 
+def _ctrl():
+    config = transformers.CTRLConfig(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, dff=37, n_positions=64)
+
+    def inputs(batch, length):
+        return {**_text(batch, length), "token_type_ids": torch.randint(3, VOCAB, (batch, length))}
+
+    return transformers.CTRLLMHeadModel(config), inputs
+
+
 TINY_MODELS = {
+    "CTRLLMHeadModel": _ctrl,
     "MambaForCausalLM": _mamba,
     "RobertaForCausalLM": _roberta_lm,
     "GPTJForCausalLM": _gptj,

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from exporters.generation import Generated, compare_generation, eager_generate, export_for_generation
+from exporters.generation import Generated, compare_generation, eager_generate, export_for_generation, generation_prompt
 
 from .conftest import TOLERANCE
 
@@ -94,6 +94,17 @@ def test_positions_and_token_types_are_fed_as_generate_feeds_them(tiny, model_na
     expected = eager_generate(model.model, prompt, NEW_TOKENS)
     generated = export_for_generation(model.model, prompt, "dynamo").generate(prompt, NEW_TOKENS)
     assert compare_generation(expected, generated, TOLERANCE["dynamo"], TOLERANCE["dynamo"]).ok
+
+
+def test_the_prompt_loses_what_generate_drops_before_the_first_step(tiny):
+    model = tiny("CTRLLMHeadModel")  # CTRL makes its own token types: generate() drops the caller's
+    prompt = generation_prompt(model.model, model.inputs["A"])
+    assert sorted(prompt) == ["attention_mask", "input_ids"]
+    expected = eager_generate(model.model, model.inputs["A"], NEW_TOKENS)
+    generated = export_for_generation(model.model, prompt, "dynamo").generate(prompt, NEW_TOKENS)
+    assert compare_generation(expected, generated, TOLERANCE["dynamo"], TOLERANCE["dynamo"]).ok
+    gptj = tiny("GPTJForCausalLM")  # which embeds them: they stay
+    assert sorted(generation_prompt(gptj.model, gptj.inputs["A"])) == ["attention_mask", "input_ids", "token_type_ids"]
 
 
 @pytest.mark.parametrize("backend", ["dynamo", "onnx"])
