@@ -100,13 +100,15 @@ class Generator:
     """A prefill and a decode program of one backend, and how to feed one step's outputs to the next."""
 
     def __init__(self, prefill: Exported, decode: Exported, encoder_decoder: bool, static_cache: dict | None,
-                 decoder_start: int | None, positions: bool = False, cache: str = CACHE):  # fmt: skip
+                 decoder_start: int | None, positions: bool = False, cache: str = CACHE,
+                 encoder_input: str = "encoder_outputs.0"):  # fmt: skip
         self.prefill, self.decode = prefill, decode
         self.encoder_decoder = encoder_decoder
         self.static_cache = static_cache  # zero cache tensors by name, for a StaticCache prefill
         self.decoder_start = decoder_start
         self.positions = positions  # position_ids are an input, as generate() passes them
         self.cache = cache  # the name the cache travels under
+        self.encoder_input = encoder_input  # the name the encoder's states go in under
 
     @property
     def applied(self) -> list[str]:
@@ -148,10 +150,10 @@ class Generator:
                 per_token = next_token_inputs(per_token)
                 named.update(per_token)
             if self.encoder_decoder:
-                named[ENCODER_INPUT] = outputs.get(ENCODER_STATES, named.get(ENCODER_INPUT))
+                named[self.encoder_input] = outputs.get(ENCODER_STATES, named.get(self.encoder_input))
                 if mask is not None:
                     named["attention_mask"] = mask
-                encoder_states = named[ENCODER_INPUT]
+                encoder_states = named[self.encoder_input]
             elif self.static_cache is None and mask is not None and self.cache == CACHE:
                 # a static cache masks by cache_position; a state-space step reads no mask (generate() drops it)
                 mask = torch.cat([mask, torch.ones(batch, 1, dtype=mask.dtype)], dim=1)
@@ -221,13 +223,17 @@ def export_for_generation(
     cache_input = cache_name(model)
     decode_inputs: dict[str, Any] = {cache_input: getattr(first, cache_input), "use_cache": True}
     if encoder_decoder:
-        # as a model output, not a tuple: some decoders read encoder_outputs.last_hidden_state (Florence-2, Canary)
-        decode_inputs.update(decoder_input_ids=token, encoder_outputs=encoder_output(first.encoder_last_hidden_state))
+        states = first.encoder_last_hidden_state
+        decode_inputs.update(decoder_input_ids=token, encoder_outputs=(states,))
         if "attention_mask" in prompt:
             decode_inputs["attention_mask"] = prompt["attention_mask"]
         # one more eager step: a self-attention cache of length 1 would be specialised to 1 by the trace
         with torch.no_grad():
-            second = model(**copy.deepcopy(decode_inputs))
+            try:  # a tuple, which models turn into their own output class (NLLB-MoE's carries router logits)
+                second = model(**copy.deepcopy(decode_inputs))
+            except AttributeError:  # a decoder that reads encoder_outputs.last_hidden_state itself (Florence-2)
+                decode_inputs["encoder_outputs"] = encoder_output(states)
+                second = model(**copy.deepcopy(decode_inputs))
         decode_inputs.update({CACHE: second.past_key_values, "decoder_input_ids": second.logits[:, -1:].argmax(dim=-1)})
     else:
         decode_inputs["input_ids"] = token
@@ -249,10 +255,12 @@ def export_for_generation(
             if name != cache_input and isinstance(value, torch.Tensor):
                 shapes[name] = {1: torch.export.Dim.AUTO} if name == "attention_mask" and not encoder_decoder else None
             elif name == "encoder_outputs":
-                shapes[name] = [None]  # a ModelOutput flattens to the list of its fields
+                shapes[name] = (None,) if isinstance(value, tuple) else [None]  # a ModelOutput flattens to a list
         exporter, config = exporter_for(backend, dynamic=True, dynamic_shapes=shapes)
     decode = exporter.export(model, copy.deepcopy(decode_inputs), config)
-    return Generator(prefill, decode, encoder_decoder, static_cache, start, positions, cache_input)
+    as_output = encoder_decoder and not isinstance(decode_inputs["encoder_outputs"], tuple)
+    encoder_input = ENCODER_INPUT if as_output else "encoder_outputs.0"
+    return Generator(prefill, decode, encoder_decoder, static_cache, start, positions, cache_input, encoder_input)
 
 
 def eager_generate(model: torch.nn.Module, inputs: dict[str, Any], max_new_tokens: int) -> Generated:
