@@ -301,6 +301,20 @@ def _fix_attention_output_layout(graph_module, node) -> bool:
 
 
 @register_fx_node_fix("executorch")
+def _fix_max_over_negative_dim(graph_module, node) -> bool:
+    """XNNPACK's partitioner takes `max.dim` on any 4-D input, and its lowering then accepts only the literal dims 2
+    and 3: a max over `dim=-1` fails to lower ("amax.default only supports dim == 2 or dim == 3"; GPT-OSS's
+    attention sinks). The same dim counted from the front lowers."""
+    if node.op != "call_function" or node.target is not torch.ops.aten.max.dim:
+        return False
+    dim, rank = node.args[1], node.args[0].meta["val"].dim()
+    if dim >= 0:
+        return False
+    node.args = (node.args[0], dim + rank, *node.args[2:])
+    return True
+
+
+@register_fx_node_fix("executorch")
 def _fix_empty_of_symbolic_size(graph_module, node) -> bool:
     """ExecuTorch's memory-format pass turns `empty` into `dim_order_ops._empty_dim_order`, whose size is `int[]`,
     not `SymInt[]`: converting a dynamic size to int pins it (DeepSeek-V2's MLA `new_empty` pinned batch and

@@ -212,6 +212,13 @@ class _InvertedMask(torch.nn.Module):
         return 1.0 - attention_mask
 
 
+class _AttentionSinkMax(torch.nn.Module):
+    """GPT-OSS's attention sinks: scores shifted by their maximum over the last axis, counted from the end."""
+
+    def forward(self, scores):
+        return scores - scores.max(dim=-1, keepdim=True).values
+
+
 MODULE_CASES = [  # (backend, module, inputs, workaround, error without it)
     ("executorch", _PatchPositions, {"coordinates": torch.tensor([[-1.0, 0.0, 0.1, 0.25, 0.3, 0.75, 0.9, 1.0]])},
      "_patch_bucketize_as_comparison", "bucketize.Tensor is not in Core ATen"),
@@ -219,6 +226,8 @@ MODULE_CASES = [  # (backend, module, inputs, workaround, error without it)
      "_aten__is_all_true", "No ONNX function found for .*_is_all_true"),
     ("onnx", _InvertedMask, {"attention_mask": torch.tensor([[1, 1, 0], [1, 0, 0]])},
      "_fix_number_minus_tensor", "compatible OpOverload for aten.sub"),
+    ("executorch", _AttentionSinkMax, {"scores": torch.randn(2, 4, 7, 8)},
+     "_fix_max_over_negative_dim", "amax.default only supports dim == 2 or dim == 3"),
 ]  # fmt: skip
 
 
