@@ -432,6 +432,8 @@ def _apply_overrides(values: dict, overrides: dict) -> None:
     for dotted, value in overrides.items():
         target = values
         *parents, leaf = dotted.split(".")
+        if parents and values.get(parents[0]) is None:
+            continue  # a class of the model type built from a config without that part (Emu3's text-only LM)
         for parent in parents:
             sub = target[parent]
             if _is_config(sub):

@@ -47,6 +47,7 @@ KINDS = {
     "SeamlessM4TTextToUnitModel": "text",  # starts from embeddings, not token ids
     "InstructBlipVideoForConditionalGeneration": "text+video",  # clips under the name pixel_values
     "VipLlavaForConditionalGeneration": "text+image",  # the vision layers it concatenates exist in a tiny tower
+    "Emu3ForCausalLM": "text",  # its model type's override names a VQ config its text-only config lacks
 }
 
 
