@@ -115,6 +115,9 @@ TINY_OVERRIDES: dict[str, dict] = {
                                 **{f"<|visual token {index:06d}|>": 102 + index for index in range(16)}}},
     # its speech decoder prenet drops out in eval mode too (by design, for variety): no randomness in a parity test
     "speecht5": {"speech_decoder_prenet_dropout": 0.0},
+    # its text model builds a sliding-window mask whatever its layer types say: the window must be set
+    "step3p7": {"text_config.sliding_window": 64},
+    "step3p5": {"sliding_window": 64},
     # five vision layers' features are concatenated, picked down to layer -11: five that a 2-layer tower has
     "vipllava": {"vision_feature_layers": [-2, -3, 0, 1, 2]},
     # per-class detection thresholds and reading order ship with checkpoints (None by default): one per tiny label
