@@ -17,6 +17,7 @@ tokens are generate()'s.
 from __future__ import annotations
 
 import copy
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,14 +31,13 @@ from .utils import named_leaves
 CACHE_KINDS = ("dynamic", "static")
 CACHE = "past_key_values"
 STATE_SPACE_CACHE = "cache_params"  # Mamba-style models name their cache so
+ENCODER_STATES = "encoder_last_hidden_state"
+ENCODER_TUPLE_INPUT = "encoder_outputs.0"
+ENCODER_OUTPUT_INPUT = "encoder_outputs.last_hidden_state"
 
 
 def cache_name(model: torch.nn.Module) -> str:
-    import inspect
-
     return STATE_SPACE_CACHE if STATE_SPACE_CACHE in inspect.signature(model.forward).parameters else CACHE
-ENCODER_STATES = "encoder_last_hidden_state"
-ENCODER_INPUT = "encoder_outputs.last_hidden_state"
 
 
 def encoder_output(states: torch.Tensor):
@@ -90,8 +90,6 @@ def next_token_inputs(previous: dict[str, Any]) -> dict[str, Any]:
 
 def takes_positions(model: torch.nn.Module) -> bool:
     """generate() passes positions to decoder-only models whose forward names them."""
-    import inspect
-
     encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
     return not encoder_decoder and "position_ids" in inspect.signature(model.forward).parameters
 
@@ -101,7 +99,7 @@ class Generator:
 
     def __init__(self, prefill: Exported, decode: Exported, encoder_decoder: bool, static_cache: dict | None,
                  decoder_start: int | None, positions: bool = False, cache: str = CACHE,
-                 encoder_input: str = "encoder_outputs.0"):  # fmt: skip
+                 encoder_input: str = ENCODER_TUPLE_INPUT):  # fmt: skip
         self.prefill, self.decode = prefill, decode
         self.encoder_decoder = encoder_decoder
         self.static_cache = static_cache  # zero cache tensors by name, for a StaticCache prefill
@@ -259,7 +257,7 @@ def export_for_generation(
         exporter, config = exporter_for(backend, dynamic=True, dynamic_shapes=shapes)
     decode = exporter.export(model, copy.deepcopy(decode_inputs), config)
     as_output = encoder_decoder and not isinstance(decode_inputs["encoder_outputs"], tuple)
-    encoder_input = ENCODER_INPUT if as_output else "encoder_outputs.0"
+    encoder_input = ENCODER_OUTPUT_INPUT if as_output else ENCODER_TUPLE_INPUT
     return Generator(prefill, decode, encoder_decoder, static_cache, start, positions, cache_input, encoder_input)
 
 
