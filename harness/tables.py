@@ -43,10 +43,14 @@ SMOKE_SET = (
     "PatchTSTForPrediction",
 )
 
-# model type -> {config attribute (dotted into sub-configs): value}, applied after the generic shrink.
+# SAM 2's vision config, tiny: see its rows below.
 _HIERA_STAGES = {"backbone_config.hidden_size": 8, "backbone_config.embed_dim_per_stage": [8, 16, 32, 64],
                  "backbone_channel_list": [64, 32, 16, 8], "backbone_feature_sizes": [[8, 8], [4, 4], [2, 2]]}
+# the prompt encoder's grid (image / patch) is the 16x-downsampled feature map
+_SAM2 = {**{f"vision_config.{key}": value for key, value in _HIERA_STAGES.items()},
+         "prompt_encoder_config.patch_size": 16}
 
+# model type -> {config attribute (dotted into sub-configs): value}, applied after the generic shrink.
 TINY_OVERRIDES: dict[str, dict] = {
     # its default layout has no attention layer at all, which its own masks then ask for
     "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"]},
@@ -100,11 +104,8 @@ TINY_OVERRIDES: dict[str, dict] = {
     # and Hiera pools the skip connection only where the width changes: the stage widths must keep doubling,
     # and the neck reads them in reverse
     "sam2_vision_model": _HIERA_STAGES,
-    # the prompt encoder's grid (image / patch) is the 16x-downsampled feature map
-    "sam2": {**{f"vision_config.{key}": value for key, value in _HIERA_STAGES.items()},
-             "prompt_encoder_config.patch_size": 16},
-    "sam2_video": {**{f"vision_config.{key}": value for key, value in _HIERA_STAGES.items()},
-                   "prompt_encoder_config.patch_size": 16},
+    "sam2": _SAM2,
+    "sam2_video": _SAM2,
     "sam2_hiera_det_model": {key.removeprefix("backbone_config."): value for key, value in _HIERA_STAGES.items()
                              if key.startswith("backbone_config.")},
     # image tokens reach the text model through a vocabulary map that ships with the checkpoint: 16 codebook

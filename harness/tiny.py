@@ -370,10 +370,7 @@ def _fit_token_ids(values: dict) -> None:
         vocab = next((v for v in vocabs if _int(v)), None)
     if not isinstance(vocab, int) or vocab < SPECIAL_FLOOR:
         return
-    taken = set().union(*(special_token_ids(v) for v in values.values() if _is_config(v)))
-    taken |= {i for sub in values.values() if isinstance(sub, dict)
-              for k, i in sub.items() if isinstance(k, str) and _TOKEN_ID.search(k) and _int(i)}
-    taken |= {v for k, v in values.items() if _TOKEN_ID.search(k) and _int(v)}
+    taken = special_token_ids(values)
     for key in sorted(values):
         value = values[key]
         if not _TOKEN_ID.search(key):
@@ -458,12 +455,13 @@ def tiny_config(model_class):
 
 
 def special_token_ids(config) -> set[int]:
-    """Every token id a config reserves (pad, image placeholders, ...), in it and its sub-configs."""
+    """Every token id a config reserves (pad, image placeholders, ...), in it and its sub-configs; a config's values
+    as a dict serve too (a sub-config an override touched is one)."""
     found: set[int] = set()
-    for key, value in vars(config).items():
-        if _is_config(value):
+    for key, value in (config if isinstance(config, dict) else vars(config)).items():
+        if _is_config(value) or isinstance(value, dict):
             found |= special_token_ids(value)
-        elif _TOKEN_ID.search(key):
+        elif isinstance(key, str) and _TOKEN_ID.search(key):
             if isinstance(value, int) and not isinstance(value, bool):
                 found.add(value)
             elif _int_list(value):
