@@ -3,7 +3,7 @@
 ``trace_model`` is the part the ONNX and ExecuTorch exporters share; it runs these stages in order:
 
 1. forward signature: ``model.forward`` takes exactly the traced inputs, by name (internal);
-2. model patches: ``@register_patch("dynamo", ...)``;
+2. model patches: ``@register_patch("dynamo", ...)``, and packed-sequence attention as one masked SDPA;
 3. pytree registration: every ``Cache`` (and model-local ``*Cache``) type flattens to its tensors and rebuilds;
 4. dynamic shapes: ``Dim.AUTO`` on every axis of every input tensor and cache leaf, or ``config.dynamic_shapes``;
 5. state cleanup: tensor attributes a model caches in ``forward`` (``_STATEFUL_CACHE_ATTRS``) are emptied for the
@@ -123,6 +123,7 @@ def trace_model(model: torch.nn.Module, inputs: dict[str, Any], config: DynamoCo
             active.enter_context(flat_forward(model, list(traced_inputs), constants))
         with log.stage("model-patches"):
             active.enter_context(apply_patches("dynamo", fired))
+            active.enter_context(segmented_attention(model, fired))
         with log.stage("pytree"):
             register_pytree_nodes(model)
         with log.stage("dynamic-shapes"):
@@ -279,6 +280,59 @@ def _patch_rotate_pairs(original):
         return _rotate_pairs(xq, table), _rotate_pairs(xk, table)
 
     return apply_rotary_emb
+
+
+# Vision towers that pack several images into one sequence (Qwen-VL style, `cu_seqlens` marks where each image
+# starts) attend image by image: `torch.split(q, lengths.tolist())`, sizes read from tensor values, which torch.export
+# cannot trace. Their flash-attention branch hands `cu_seqlens` to the attention function instead, so for the trace
+# those configs name a registered "flash" function that builds the block-diagonal mask and runs one SDPA.
+
+SEGMENTED_ATTENTION = "flash_segments_as_mask"
+
+
+def _segmented_sdpa(module, query, key, value, attention_mask=None, cu_seq_lens_q=None, **kwargs):
+    """SDPA restricted to the segments of ``cu_seq_lens_q``: the same numbers as one SDPA per segment."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    for name in ("cu_seq_lens_k", "max_length_q", "max_length_k"):
+        kwargs.pop(name, None)
+    positions = torch.arange(query.shape[-2], device=query.device)
+    # boundaries passed, counted against all of them: slicing off the first and last would slice a length the
+    # trace does not know, which ExecuTorch's slice decomposition guards on
+    segment = (positions[:, None] >= cu_seq_lens_q[None, :]).sum(-1)
+    mask = (segment[:, None] == segment[None, :])[None, None]
+    if attention_mask is not None:
+        if attention_mask.dtype == torch.bool:
+            mask = mask & attention_mask
+        else:
+            mask = torch.where(mask, attention_mask, torch.finfo(query.dtype).min)
+    return sdpa_attention_forward(module, query, key, value, attention_mask=mask, **kwargs)
+
+
+@contextmanager
+def segmented_attention(model: torch.nn.Module, fired: set[str]):
+    """Point the config of every attention module that takes ``cu_seqlens`` at `_segmented_sdpa` for the trace."""
+    from transformers import AttentionInterface, PreTrainedConfig
+    from transformers.utils.generic import is_flash_attention_requested
+
+    configs = {
+        id(module.config): module.config
+        for module in model.modules()
+        if isinstance(getattr(module, "config", None), PreTrainedConfig)
+        and "cu_seqlens" in inspect.signature(module.forward).parameters
+        and not is_flash_attention_requested(module.config)
+    }
+    saved = {key: config._attn_implementation for key, config in configs.items()}
+    if configs:
+        AttentionInterface.register(SEGMENTED_ATTENTION, _segmented_sdpa)
+        fired.add("segmented_attention")
+    try:
+        for config in configs.values():
+            config._attn_implementation = SEGMENTED_ATTENTION
+        yield
+    finally:
+        for key, config in configs.items():
+            config._attn_implementation = saved[key]
 
 
 # ── Stage 3: Pytree registration ─────────────────────────────────────────────

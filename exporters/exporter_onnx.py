@@ -251,5 +251,14 @@ def _aten__is_all_true(self):
     return op.Cast(op.ReduceMin(op.Cast(self, to=7), keepdims=0), to=9)  # 7: INT64, 9: BOOL
 
 
+@register_onnx_translation(torch.ops.aten.sym_numel.default)
+def _aten_sym_numel(self):
+    """The element count of a tensor whose shape the trace does not know (a vision tower's packed image sequence
+    read as `x.numel()`), which torch.onnx has no function for: ONNX's `Size`."""
+    from onnxscript import opset18 as op
+
+    return op.Size(self)
+
+
 # ── Stage 5: ONNX IR fixes ───────────────────────────────────────────────────
 # `@register_onnx_ir_fix` on `_fix_ir_<what>(model: onnx_ir.Model) -> bool`.

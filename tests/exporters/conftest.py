@@ -176,7 +176,24 @@ def _ctrl():
     return transformers.CTRLLMHeadModel(config), inputs
 
 
+def _qwen2_vl_vision():
+    from transformers.models.qwen2_vl import modeling_qwen2_vl
+
+    config = transformers.Qwen2VLConfig().vision_config.__class__(
+        depth=2, embed_dim=32, hidden_size=32, num_heads=4, patch_size=4, temporal_patch_size=2, spatial_merge_size=2,
+    )
+    patch = config.in_channels * config.temporal_patch_size * config.patch_size**2
+
+    def inputs(batch, length):
+        # `batch` images of 2 x (length - 3) patches each: two of set A's segments differ in size
+        grid = torch.tensor([[1, 2, 2 * (length - 3 - index % 2)] for index in range(batch)])
+        return {"hidden_states": torch.randn(int(grid.prod(-1).sum()), patch), "grid_thw": grid}
+
+    return modeling_qwen2_vl.Qwen2VisionTransformerPretrainedModel(config), inputs
+
+
 TINY_MODELS = {
+    "Qwen2VisionTransformerPretrainedModel": _qwen2_vl_vision,
     "CTRLLMHeadModel": _ctrl,
     "MambaForCausalLM": _mamba,
     "RobertaForCausalLM": _roberta_lm,

@@ -1,5 +1,7 @@
 """Each workaround on the smallest model that needs it: the export matches eager with it and fails without it."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -195,6 +197,20 @@ def test_executorch_attention_output_gets_one_layout(tiny):
     assert failure.value.stage == "to-edge"
 
 
+@pytest.mark.parametrize("backend", ["dynamo", "onnx"])
+def test_packed_images_attend_through_one_masked_sdpa(tiny, backend, monkeypatch):
+    model = tiny("Qwen2VisionTransformerPretrainedModel")
+    exported = _export(model, backend)
+    assert "segmented_attention" in exported.applied
+    assert_parity(exported(**model.inputs["A"]), model.expected["A"], TOLERANCE[backend])
+    assert model.model.config._attn_implementation != exporters.exporter_dynamo.SEGMENTED_ATTENTION, "restored"
+    # without it the tower splits its sequence by sizes read from tensor values
+    monkeypatch.setattr(exporters.exporter_dynamo, "segmented_attention", lambda model, fired: contextlib.nullcontext())
+    with pytest.raises(exporters.ExportError, match="data-dependent") as failure:
+        _export(model, backend)
+    assert failure.value.stage == "torch-export"
+
+
 class _CheckedTokens(torch.nn.Module):
     """A vision-language model's prefill checks its image-token mask with a tensor condition."""
 
@@ -219,6 +235,15 @@ class _AttentionSinkMax(torch.nn.Module):
         return scores - scores.max(dim=-1, keepdim=True).values
 
 
+class _PatchIndexPerImage(torch.nn.Module):
+    """Inkling 2's vision tower: each image's patch index shifted by the image's number, repeated per patch."""
+
+    def forward(self, patches, patches_per_image):
+        image_ids = torch.arange(1, patches_per_image.shape[0] + 1)
+        index = torch.arange(patches.shape[0]) + torch.repeat_interleave(image_ids, patches_per_image)
+        return patches + index[:, None]
+
+
 MODULE_CASES = [  # (backend, module, inputs, workaround, error without it)
     ("executorch", _PatchPositions, {"coordinates": torch.tensor([[-1.0, 0.0, 0.1, 0.25, 0.3, 0.75, 0.9, 1.0]])},
      "_patch_bucketize_as_comparison", "bucketize.Tensor is not in Core ATen"),
@@ -228,6 +253,8 @@ MODULE_CASES = [  # (backend, module, inputs, workaround, error without it)
      "_fix_number_minus_tensor", "compatible OpOverload for aten.sub"),
     ("executorch", _AttentionSinkMax, {"scores": torch.randn(2, 4, 7, 8)},
      "_fix_max_over_negative_dim", "amax.default only supports dim == 2 or dim == 3"),
+    ("onnx", _PatchIndexPerImage, {"patches": torch.randn(5, 3), "patches_per_image": torch.tensor([2, 3])},
+     "_aten_sym_numel", "No ONNX function found for .*sym_numel"),
 ]  # fmt: skip
 
 
