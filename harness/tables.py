@@ -86,6 +86,10 @@ TINY_OVERRIDES: dict[str, dict] = {
     "aria": {"projector_patch_to_query_dict": {16: 4}},
     # the depth head's bottleneck is a fixed 256 channels unless said otherwise; at the default init scale the
     # signal fades through its dozens of convolutions until the depth no longer depends on the image
+    # expert counts default to None (checkpoints set them), which the experts' weight shapes cannot take
+    "dots1": {"n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2},
+    # the attention reads rope_theta and clip_qkv from attn_config, where checkpoints keep them; defaults have none
+    "dbrx": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8.0},
     "zoedepth": {"bottleneck_features": 32, "initializer_range": 0.2},
     # the last layers read keys and values shared from earlier ones: with two layers, none may share
     "gemma3n_text": {"num_kv_shared_layers": 0},

@@ -43,6 +43,8 @@ KINDS = {
     "ZoeDepthForDepthEstimation": "image",  # an init scale at which the image reaches the depth
     "PPDocLayoutV2ForObjectDetection": "image",  # class thresholds that only checkpoints carry
     "TimesFm2_5Model": "time-series",  # univariate (batch, time) series
+    "Dots1ForCausalLM": "text",  # expert counts default to None
+    "DbrxForCausalLM": "text",  # rotary base and qkv clip live in attn_config
     "SpeechT5ForTextToSpeech": "text",  # its prenet drops out in eval mode unless told not to
     "SeamlessM4TTextToUnitModel": "text",  # starts from embeddings, not token ids
     "InstructBlipVideoForConditionalGeneration": "text+video",  # clips under the name pixel_values
