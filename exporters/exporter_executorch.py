@@ -300,17 +300,46 @@ def _fix_attention_output_layout(graph_module, node) -> bool:
     return True
 
 
+def _call_after(graph, anchor, target, *args):
+    """A node ``target(anchor, *args)`` right after ``anchor``, with its fake value."""
+    with graph.inserting_after(anchor):
+        node = graph.call_function(target, (anchor, *args))
+    node.meta["val"] = target(anchor.meta["val"], *args)
+    return node
+
+
 @register_fx_node_fix("executorch")
 def _fix_max_over_negative_dim(graph_module, node) -> bool:
     """XNNPACK's partitioner takes `max.dim` on any 4-D input, and its lowering then accepts only the literal dims 2
-    and 3: a max over `dim=-1` fails to lower ("amax.default only supports dim == 2 or dim == 3"; GPT-OSS's
-    attention sinks). The same dim counted from the front lowers."""
+    and 3 with the reduced axis kept: a max over `dim=-1` fails to lower ("amax.default only supports dim == 2 or
+    dim == 3"; GPT-OSS's attention sinks), and so does one over axis 1 that drops it (Hiera's pooling). The same
+    axis counted from the front lowers; another axis is swapped with the last one and back, a dropped one is kept
+    and then squeezed."""
     if node.op != "call_function" or node.target is not torch.ops.aten.max.dim:
         return False
-    dim, rank = node.args[1], node.args[0].meta["val"].dim()
-    if dim >= 0:
-        return False
-    node.args = (node.args[0], dim + rank, *node.args[2:])
+    source, dim, *rest = node.args
+    rank = source.meta["val"].dim()
+    keepdim = bool(rest[0]) if rest else False
+    axis = dim % rank
+    if rank != 4 or (axis in (2, 3) and keepdim):
+        node.args = (source, axis, *rest)
+        return dim != axis
+    graph = graph_module.graph
+    swapped = axis not in (2, 3)
+    if swapped:
+        source = _call_after(graph, source, torch.ops.aten.transpose.int, axis, 3)
+    node.args = (source, 3 if swapped else axis, True)
+    node.meta["val"] = torch.ops.aten.max.dim(source.meta["val"], node.args[1], True)
+    for output in list(node.users):  # getitem 0 (values) and 1 (indices)
+        output.meta["val"] = node.meta["val"][output.args[1]]
+        consumers = list(output.users)
+        result = output
+        if swapped:
+            result = _call_after(graph, result, torch.ops.aten.transpose.int, axis, 3)
+        if not keepdim:
+            result = _call_after(graph, result, torch.ops.aten.squeeze.dim, axis)
+        for consumer in consumers:
+            consumer.replace_input_with(output, result)
     return True
 
 

@@ -235,6 +235,13 @@ class _AttentionSinkMax(torch.nn.Module):
         return scores - scores.max(dim=-1, keepdim=True).values
 
 
+class _StridePool(torch.nn.Module):
+    """Hiera's pooling: the maximum over the stride axis of a 4-D view, that axis dropped."""
+
+    def forward(self, tokens):
+        return tokens.view(2, 4, -1, 8).max(dim=1).values
+
+
 class _PatchIndexPerImage(torch.nn.Module):
     """Inkling 2's vision tower: each image's patch index shifted by the image's number, repeated per patch."""
 
@@ -253,6 +260,8 @@ MODULE_CASES = [  # (backend, module, inputs, workaround, error without it)
      "_fix_number_minus_tensor", "compatible OpOverload for aten.sub"),
     ("executorch", _AttentionSinkMax, {"scores": torch.randn(2, 4, 7, 8)},
      "_fix_max_over_negative_dim", "amax.default only supports dim == 2 or dim == 3"),
+    ("executorch", _StridePool, {"tokens": torch.randn(2, 16, 8)},
+     "_fix_max_over_negative_dim", "amax.default only supports"),
     ("onnx", _PatchIndexPerImage, {"patches": torch.randn(5, 3), "patches_per_image": torch.tensor([2, 3])},
      "_aten_sym_numel", "No ONNX function found for .*sym_numel"),
 ]  # fmt: skip
