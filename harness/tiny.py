@@ -60,6 +60,14 @@ def _cap(limit):
     return rule
 
 
+def _dividing(count: int, total: int) -> int:
+    """The largest number no greater than ``count`` that divides ``total``."""
+    count = min(count, total)
+    while total % count:
+        count -= 1
+    return count
+
+
 def _heads(value):
     """Head counts become powers of two, at most ``HEADS``: they must divide widths that stages double."""
 
@@ -267,15 +275,12 @@ def _restore_invariants(config, values: dict, original_layers: int | None) -> No
                                                    r"|decoder_attention_heads", k) and _int(values[k])]
     for width_key in width_keys:
         for head_key in head_keys:
-            heads = values[head_key]
-            while heads > 1 and values[width_key] % heads:
-                heads -= 1
-            values[head_key] = heads
+            values[head_key] = _dividing(values[head_key], values[width_key])
     heads = next((values[k] for k in head_keys), None)
     original = vars(config)
     # key/value heads divide their query heads, per attention kind ("swa_num_key_value_heads" goes with
     # "swa_num_attention_heads"); multi-head attention stays multi-head (MLA expands keys to every head)
-    for key in [k for k in values if re.fullmatch(r"(\w+_)?(num_key_value_heads|num_kv_heads|n_kv_heads)", k)]:
+    for key in [k for k in values if re.fullmatch(r"(\w+_)?(num_key_value_heads|num_kv_heads|n_kv_heads)(_per_layer)?", k)]:
         prefix = key[: key.index("n")] if not key.startswith("n") else ""
         query_key = next((k for k in (f"{prefix}num_attention_heads", f"{prefix}num_heads") if _int(values.get(k))), None)
         query_heads = values[query_key] if query_key else heads
@@ -285,10 +290,9 @@ def _restore_invariants(config, values: dict, original_layers: int | None) -> No
             values[key] = query_heads
             continue
         if _int(values[key]):
-            kv = min(values[key], query_heads)
-            while query_heads % kv:
-                kv -= 1
-            values[key] = kv
+            values[key] = _dividing(values[key], query_heads)
+        elif _int_list(values[key]):  # one count per layer (Sapiens 2)
+            values[key] = [_dividing(kv, query_heads) for kv in values[key]]
     # multi-head latent attention: the query/key head is the no-rope part plus the rope part
     if _int(values.get("qk_head_dim")) and _int(values.get("qk_nope_head_dim")) and _int(values.get("qk_rope_head_dim")):
         values["qk_head_dim"] = values["qk_nope_head_dim"] + values["qk_rope_head_dim"]
