@@ -376,3 +376,31 @@ def _fix_python_symbolic_op(graph_module, node) -> bool:
         return False
     node.target = _PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS[node.target]
     return True
+
+
+@register_fx_node_fix("executorch")
+def _fix_tensor_condition_assert(graph_module, node) -> bool:
+    """A check on a tensor condition (`torch._check_tensor_all`: vision-language models compare their image-token
+    count with their feature count) traces as `item(_is_all_true(c))` turned into an integer by `sym_ite` and
+    asserted equal to 1. ExecuTorch evaluates `sym_ite` in Python while lowering, where the value is unknown, and
+    fails on the guard. The assert is dropped from the program: it only rejects malformed inputs, and ExecuTorch
+    has no runtime assert to carry it."""
+    from executorch.exir.passes.executorch_prim_ops_registry import _PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS
+
+    if node.op != "call_function" or node.target is not torch.ops.aten._assert_scalar.default:
+        return False
+    # `_fix_python_symbolic_op` may have swapped the `sym_ite` for ExecuTorch's already
+    sym_ite = (torch.sym_ite, _PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS[torch.sym_ite])
+    conversions = [arg for arg in getattr(node.args[0], "args", ()) if getattr(arg, "target", None) in sym_ite]
+    if not any(_is_tensor_truth(conversion.args[0]) for conversion in conversions):
+        return False
+    graph_module.graph.erase_node(node)
+    return True
+
+
+def _is_tensor_truth(node) -> bool:
+    """``node`` is ``item(_is_all_true(tensor))``."""
+    return (
+        getattr(node, "target", None) is torch.ops.aten.item.default
+        and getattr(node.args[0], "target", None) is torch.ops.aten._is_all_true.default
+    )

@@ -256,6 +256,8 @@ MODULE_CASES = [  # (backend, module, inputs, workaround, error without it)
      "_patch_bucketize_as_comparison", "bucketize.Tensor is not in Core ATen"),
     ("onnx", _CheckedTokens, {"input_ids": torch.tensor([[3, 1, 4], [1, 5, 9]])},
      "_aten__is_all_true", "No ONNX function found for .*_is_all_true"),
+    ("executorch", _CheckedTokens, {"input_ids": torch.tensor([[3, 1, 4], [1, 5, 9]])},
+     "_fix_tensor_condition_assert", "data-dependent expression Eq"),
     ("onnx", _InvertedMask, {"attention_mask": torch.tensor([[1, 1, 0], [1, 0, 0]])},
      "_fix_number_minus_tensor", "compatible OpOverload for aten.sub"),
     ("executorch", _AttentionSinkMax, {"scores": torch.randn(2, 4, 7, 8)},
