@@ -203,6 +203,24 @@ def _patch_experts_batched_mm(original):
     return get_interface
 
 
+@register_patch("dynamo", "transformers.masking_utils._vmap_expansion_sdpa")
+def _patch_mask_by_broadcast(_original):
+    """A mask with a custom overlay (Gemma 3's bidirectional image blocks) is built with `torch.vmap`, which traces,
+    but leaves batching ops that torch.onnx and ExecuTorch's decompositions reject ("tensor may have escaped from
+    inside a function being vmapped"). transformers' overlays index their inputs by position tensors, so the
+    broadcast expansion its default masks use builds the same mask without vmap."""
+    from transformers.masking_utils import _non_vmap_expansion_sdpa
+
+    def expansion(mask_function):
+        def expanded(batch, head, query, key):
+            mask = mask_function(*_non_vmap_expansion_sdpa(batch, head, query, key))
+            return mask.expand(batch.shape[0], head.shape[0], query.shape[0], key.shape[0])
+
+        return expanded
+
+    return expansion
+
+
 @register_patch("dynamo", "transformers.models.nllb_moe.modeling_nllb_moe.NllbMoeExperts.forward")
 def _patch_nllb_moe_experts_dense(_original):
     """NLLB-MoE loops over the experts a batch hits (`nonzero()`): a data-dependent loop torch.export cannot trace.

@@ -211,6 +211,19 @@ def test_packed_images_attend_through_one_masked_sdpa(tiny, backend, monkeypatch
     assert failure.value.stage == "torch-export"
 
 
+def test_masks_with_an_image_overlay_are_built_without_vmap():
+    from harness.cells import ClassContext
+    from harness.models import select
+
+    context = ClassContext(select("Gemma3ForSequenceClassification")[0]).prepare()  # bidirectional image blocks
+    assert context.ok, context.stages[-1].message
+    exported = _export(context, "onnx")
+    assert "_patch_mask_by_broadcast" in exported.applied
+    assert_parity(exported(**context.inputs["A"]), context.expected["A"], TOLERANCE["onnx"])
+    with disabled_workarounds("_patch_mask_by_broadcast"), pytest.raises(exporters.ExportError, match="vmapped"):
+        _export(context, "onnx")
+
+
 class _CheckedTokens(torch.nn.Module):
     """A vision-language model's prefill checks its image-token mask with a tensor condition."""
 
