@@ -186,13 +186,14 @@ def _dynamic_axes(node) -> int:
     "executorch",
     "executorch.backends.xnnpack.partition.config.gemm_configs.ConvolutionConfig.check_constraints",
     "executorch.backends.xnnpack.partition.config.generic_node_configs.UnsqueezeCopyConfig.check_constraints",
+    "executorch.backends.xnnpack.partition.config.node_configs.BatchNormConfig.check_constraints",
     reports=True,
 )
 def _patch_xnnpack_reshape_dynamic_axes(original):
-    """XNNPACK takes a 1-D convolution (it wraps it in unsqueeze/squeeze) or an unsqueeze with two dynamic axes,
-    then its reshape refuses them ("XNNPACK reshape only supports 1 dynamic dimension"; wav2vec2's feature
-    encoder with dynamic batch and audio length). Such nodes stay on the portable kernels instead. The reshape's
-    one-dynamic-dimension limit: https://github.com/pytorch/executorch/pull/2976"""
+    """XNNPACK takes a 1-D convolution or batch norm (it wraps them in unsqueeze/squeeze) or an unsqueeze with two
+    dynamic axes, then its reshape refuses them ("XNNPACK reshape only supports 1 dynamic dimension"; wav2vec2's
+    feature encoder, Parakeet's convolution module, with dynamic batch and audio length). Such nodes stay on the
+    portable kernels instead. The reshape's one-dynamic-dimension limit: https://github.com/pytorch/executorch/pull/2976"""
 
     def check_constraints(self, node, exported_program):
         source = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else node

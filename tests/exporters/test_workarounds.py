@@ -118,6 +118,20 @@ def test_xnnpack_leaves_1d_convolutions_with_two_dynamic_axes_to_portable_kernel
             _export(model, "executorch", dynamic=True)
 
 
+def test_xnnpack_leaves_1d_batch_norm_with_two_dynamic_axes_to_portable_kernels():
+    # Parakeet's convolution module: the convolution stays portable, the batch norm after it is fused or unsqueezed
+    model = torch.nn.Sequential(torch.nn.Conv1d(4, 4, 3, groups=4), torch.nn.BatchNorm1d(4), torch.nn.SiLU()).eval()
+    model[1].running_mean.normal_()
+    exporter, config = exporters.exporter_for("executorch", dynamic=True)
+    exported = exporter.export(model, {"input": torch.randn(2, 4, 9)}, config)
+    assert "_patch_xnnpack_reshape_dynamic_axes" in exported.applied
+    other = torch.randn(3, 4, 6)
+    torch.testing.assert_close(exported(input=other)["output"], model(other), atol=1e-5, rtol=1e-5)
+    with disabled_workarounds("_patch_xnnpack_reshape_dynamic_axes"):
+        with pytest.raises(exporters.ExecutorchExportError, match="XNNPACK reshape only supports 1 dynamic"):
+            exporter.export(model, {"input": torch.randn(2, 4, 9)}, config)
+
+
 def test_executorch_edge_validator_leaves_a_dynamic_batch_dynamic(tiny):
     model = tiny("CodeGenForCausalLM")  # splits its fused qkv projection: an op returning Tensor[]
     exported = _export(model, "executorch", dynamic=True)
