@@ -241,6 +241,27 @@ def _patch_nllb_moe_experts_dense(_original):
     return forward
 
 
+@register_patch("dynamo", "transformers.models.longcat_flash.modeling_longcat_flash.LongcatFlashExperts.forward")
+def _patch_longcat_flash_experts_dense(_original):
+    """LongCat-Flash loops over the experts a batch hits (`nonzero()`), a data-dependent loop torch.export cannot
+    trace. Every expert runs on every token instead, weighted by its routing weight (zero where not chosen); its
+    zero-compute experts pass the tokens through, as in eager."""
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        output = torch.zeros_like(hidden_states)
+        for index in range(self.total_experts):
+            weight = ((top_k_index == index).to(top_k_weights.dtype) * top_k_weights).sum(dim=-1, keepdim=True)
+            if index >= self.num_routed_experts or self.gate_up_proj is None:
+                expert_output = self.identity_expert(hidden_states)
+            else:
+                gate, up = torch.nn.functional.linear(hidden_states, self.gate_up_proj[index]).chunk(2, dim=-1)
+                expert_output = torch.nn.functional.linear(self.act_fn(gate) * up, self.down_proj[index])
+            output = output + (expert_output * weight).to(hidden_states.dtype)
+        return output
+
+    return forward
+
+
 @register_patch("dynamo", "transformers.models.gemma3n.modeling_gemma3n.Gemma3nTextMLP._gaussian_topk")
 def _patch_gemma3n_constant_icdf(_original):
     """Gemma 3n's sparse MLP takes the normal quantile of a constant (its target sparsity) with `Normal.icdf`,

@@ -225,17 +225,24 @@ def test_packed_images_attend_through_one_masked_sdpa(tiny, backend, monkeypatch
     assert failure.value.stage == "torch-export"
 
 
-def test_masks_with_an_image_overlay_are_built_without_vmap():
+CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaround, error without it)
+    ("Gemma3ForSequenceClassification", "onnx", "_patch_mask_by_broadcast", "vmapped"),  # bidirectional images
+    ("LongcatFlashModel", "dynamo", "_patch_longcat_flash_experts_dense", "data-dependent"),
+]
+
+
+@pytest.mark.parametrize("name, backend, workaround, error", CLASS_CASES, ids=[case[2] for case in CLASS_CASES])
+def test_a_model_class_exports_with_its_workaround_and_fails_without(name, backend, workaround, error):
     from harness.cells import ClassContext
     from harness.models import select
 
-    context = ClassContext(select("Gemma3ForSequenceClassification")[0]).prepare()  # bidirectional image blocks
+    context = ClassContext(select(name)[0]).prepare()
     assert context.ok, context.stages[-1].message
-    exported = _export(context, "onnx")
-    assert "_patch_mask_by_broadcast" in exported.applied
-    assert_parity(exported(**context.inputs["A"]), context.expected["A"], TOLERANCE["onnx"])
-    with disabled_workarounds("_patch_mask_by_broadcast"), pytest.raises(exporters.ExportError, match="vmapped"):
-        _export(context, "onnx")
+    exported = _export(context, backend)
+    assert workaround in exported.applied
+    assert_parity(exported(**context.inputs["A"]), context.expected["A"], TOLERANCE[backend])
+    with disabled_workarounds(workaround), pytest.raises(exporters.ExportError, match=error):
+        _export(context, backend)
 
 
 class _CheckedTokens(torch.nn.Module):
