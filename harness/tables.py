@@ -90,6 +90,8 @@ TINY_OVERRIDES: dict[str, dict] = {
     "dots1": {"n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2},
     # the attention reads rope_theta and clip_qkv from attn_config, where checkpoints keep them; defaults have none
     "dbrx": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8.0},
+    # num_hidden_layers counts cache slots (per stack x cycles), derived from the per-stack count when that is unset
+    "hrm_text": {"num_layers_per_stack": None},
     "zoedepth": {"bottleneck_features": 32, "initializer_range": 0.2},
     # the last layers read keys and values shared from earlier ones: with two layers, none may share
     "gemma3n_text": {"num_kv_shared_layers": 0},

@@ -46,6 +46,7 @@ KINDS = {
     "Dots1ForCausalLM": "text",  # expert counts default to None
     "DbrxForCausalLM": "text",  # rotary base and qkv clip live in attn_config
     "Sapiens2Backbone": "image",  # key/value heads counted per layer
+    "HrmTextForCausalLM": "text",  # cache slots derived from the per-stack layer count
     "SpeechT5ForTextToSpeech": "text",  # its prenet drops out in eval mode unless told not to
     "SeamlessM4TTextToUnitModel": "text",  # starts from embeddings, not token ids
     "InstructBlipVideoForConditionalGeneration": "text+video",  # clips under the name pixel_values
