@@ -507,6 +507,8 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
             inputs[feature_input] = _input_features(context)  # audio language models: sound next to the text
         if feature_input in inputs:
             _place_placeholders(context, inputs, modality)
+    if "position_ids" in parameters and "input_ids" in inputs:
+        _multimodal_positions(model, inputs)
     eos = getattr(model.config, "eos_token_id", None)
     if type(model).__name__.endswith("ForSequenceClassification") and isinstance(eos, int) and "input_ids" in inputs:
         inputs["input_ids"][:, -1] = eos  # encoder-decoder classifiers pool the hidden state at <eos>
@@ -522,6 +524,24 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
     if "input_ids" in inputs or "decoder_input_ids" in inputs:
         modalities.insert(0, "text")
     return inputs, "+".join(dict.fromkeys(modalities)) or "other"
+
+
+def _multimodal_positions(model, inputs: dict) -> None:
+    """Qwen-VL-style models place image tokens on a 3-D rotary grid computed by looping over each sample's images,
+    a loop over tensor values torch.export cannot trace. A runner computes these positions next to the processor;
+    so do the inputs, with the model's own `compute_3d_position_ids`."""
+    owner = next((module for module in model.modules() if hasattr(module, "compute_3d_position_ids")), None)
+    if owner is None or not any(name.endswith("grid_thw") for name in inputs):
+        return
+    accepted = inspect.signature(owner.compute_3d_position_ids).parameters
+    saved = getattr(owner, "rope_deltas", None)
+    with torch.no_grad():
+        positions = owner.compute_3d_position_ids(
+            inputs_embeds=None, **{name: value for name, value in inputs.items() if name in accepted}
+        )
+    owner.rope_deltas = saved  # computing them stores the offsets generation would reuse
+    if positions is not None:
+        inputs["position_ids"] = positions
 
 
 def _inputs_are_audio(parameters) -> bool:

@@ -225,6 +225,17 @@ def test_packed_images_attend_through_one_masked_sdpa(tiny, backend, monkeypatch
     assert failure.value.stage == "torch-export"
 
 
+def test_a_qwen_vl_model_exports_with_its_rotary_positions_fed():
+    from harness.cells import ClassContext
+    from harness.models import select
+
+    context = ClassContext(select("Qwen2VLForConditionalGeneration")[0]).prepare()
+    assert "position_ids" in context.inputs["A"]  # computed by the inputs, as a runner would
+    exported = _export(context, "dynamo")
+    assert "segmented_attention" in exported.applied
+    assert_parity(exported(**context.inputs["A"]), context.expected["A"], TOLERANCE["dynamo"])
+
+
 CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaround, error without it)
     ("Gemma3ForSequenceClassification", "onnx", "_patch_mask_by_broadcast", "vmapped"),  # bidirectional images
     ("LongcatFlashModel", "dynamo", "_patch_longcat_flash_experts_dense", "data-dependent"),

@@ -1,6 +1,7 @@
 """Tiny configs and inputs: a spread of model kinds builds and runs eager, with the inputs each kind needs."""
 
 import pytest
+import torch
 
 from harness.cells import ClassContext
 from harness.models import select
@@ -105,3 +106,14 @@ def test_text_only_inputs_to_a_vision_language_model_are_not_enough():
     assert unfed_modalities(context.model, inputs) == []
     inputs.pop("pixel_values")
     assert unfed_modalities(context.model, inputs) == ["pixel_values"]
+
+
+def test_multimodal_rotary_positions_are_fed_as_the_model_computes_them():
+    context = ClassContext(select("Qwen2VLForConditionalGeneration")[0]).prepare()
+    assert context.ok, context.stages[-1].message
+    inputs = context.inputs["A"]
+    assert inputs["position_ids"].shape == (3, *inputs["input_ids"].shape)  # temporal, height, width
+    assert context.model.model.rope_deltas is None, "computing them leaves no state behind"
+    computed_inside = context._forward({name: value for name, value in inputs.items() if name != "position_ids"})
+    for name, value in context.expected["A"].items():
+        assert torch.equal(computed_inside[name], value), name
