@@ -534,11 +534,15 @@ def _multimodal_positions(model, inputs: dict) -> None:
     if owner is None or not any(name.endswith("grid_thw") for name in inputs):
         return
     accepted = inspect.signature(owner.compute_3d_position_ids).parameters
+    arguments = {name: value for name, value in inputs.items() if name in accepted}
+    if "inputs_embeds" in accepted:
+        arguments["inputs_embeds"] = None
+    required = [name for name, parameter in accepted.items() if parameter.default is inspect.Parameter.empty]
+    if any(name not in arguments for name in required):  # GLM-Image counts images per sample: left in the graph
+        return
     saved = getattr(owner, "rope_deltas", None)
     with torch.no_grad():
-        positions = owner.compute_3d_position_ids(
-            inputs_embeds=None, **{name: value for name, value in inputs.items() if name in accepted}
-        )
+        positions = owner.compute_3d_position_ids(**arguments)
     owner.rope_deltas = saved  # computing them stores the offsets generation would reuse
     if positions is not None:
         inputs["position_ids"] = positions
