@@ -509,6 +509,7 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
             _place_placeholders(context, inputs, modality)
     if "position_ids" in parameters and "input_ids" in inputs:
         _multimodal_positions(model, inputs)
+    _vision_windows(model, inputs)
     eos = getattr(model.config, "eos_token_id", None)
     if type(model).__name__.endswith("ForSequenceClassification") and isinstance(eos, int) and "input_ids" in inputs:
         inputs["input_ids"][:, -1] = eos  # encoder-decoder classifiers pool the hidden state at <eos>
@@ -535,17 +536,35 @@ def _multimodal_positions(model, inputs: dict) -> None:
         return
     accepted = inspect.signature(owner.compute_3d_position_ids).parameters
     arguments = {name: value for name, value in inputs.items() if name in accepted}
-    if "inputs_embeds" in accepted:
-        arguments["inputs_embeds"] = None
-    required = [name for name, parameter in accepted.items() if parameter.default is inspect.Parameter.empty]
-    if any(name not in arguments for name in required):  # GLM-Image counts images per sample: left in the graph
-        return
+    for name, parameter in accepted.items():
+        if name in arguments or parameter.default is not inspect.Parameter.empty or name == "self":
+            continue
+        if "None" not in str(parameter.annotation):  # GLM-Image counts images per sample: left in the graph
+            return
+        arguments[name] = None  # spelled out with no default (Qwen2.5-VL's past_key_values)
     saved = getattr(owner, "rope_deltas", None)
     with torch.no_grad():
         positions = owner.compute_3d_position_ids(**arguments)
     owner.rope_deltas = saved  # computing them stores the offsets generation would reuse
     if positions is not None:
         inputs["position_ids"] = positions
+
+
+def _vision_windows(model, inputs: dict) -> None:
+    """Qwen2.5-VL-style vision towers attend within windows whose token order and bounds come from a Python loop
+    over the image grid, which torch.export cannot trace. They take both precomputed (`window_index`,
+    `cu_window_seqlens`), as a runner computes them beside the processor; so do the inputs."""
+    from transformers.vision_utils import get_vision_window_index
+
+    grid = next((value for name, value in inputs.items() if name.endswith("grid_thw")), None)
+    tower = next((m for m in model.modules() if all(hasattr(m, a) for a in _WINDOW_ATTRIBUTES)), None)
+    if grid is None or tower is None or "get_vision_window_index" not in inspect.getsource(type(tower).forward):
+        return
+    sizes = {name: getattr(tower, name) for name in _WINDOW_ATTRIBUTES}
+    inputs["window_index"], inputs["cu_window_seqlens"] = get_vision_window_index(grid, **sizes)
+
+
+_WINDOW_ATTRIBUTES = ("spatial_merge_size", "window_size", "patch_size")
 
 
 def _inputs_are_audio(parameters) -> bool:

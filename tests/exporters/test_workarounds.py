@@ -225,12 +225,13 @@ def test_packed_images_attend_through_one_masked_sdpa(tiny, backend, monkeypatch
     assert failure.value.stage == "torch-export"
 
 
-def test_a_qwen_vl_model_exports_with_its_rotary_positions_fed():
+@pytest.mark.parametrize("name", ["Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration"])
+def test_a_qwen_vl_model_exports_with_its_rotary_positions_fed(name):
     from harness.cells import ClassContext
     from harness.models import select
 
-    context = ClassContext(select("Qwen2VLForConditionalGeneration")[0]).prepare()
-    assert "position_ids" in context.inputs["A"]  # computed by the inputs, as a runner would
+    context = ClassContext(select(name)[0]).prepare()
+    assert "position_ids" in context.inputs["A"]  # computed by the inputs, as a runner would (and 2.5's windows)
     exported = _export(context, "dynamo")
     assert "segmented_attention" in exported.applied
     assert_parity(exported(**context.inputs["A"]), context.expected["A"], TOLERANCE["dynamo"])

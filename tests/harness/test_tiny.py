@@ -117,3 +117,13 @@ def test_multimodal_rotary_positions_are_fed_as_the_model_computes_them():
     computed_inside = context._forward({name: value for name, value in inputs.items() if name != "position_ids"})
     for name, value in context.expected["A"].items():
         assert torch.equal(computed_inside[name], value), name
+
+
+def test_vision_windows_are_fed_as_the_tower_computes_them():
+    context = ClassContext(select("Qwen2_5_VisionTransformerPretrainedModel")[0]).prepare()
+    assert context.ok, context.stages[-1].message
+    inputs = context.inputs["A"]
+    assert {"window_index", "cu_window_seqlens"} <= set(inputs)
+    computed_inside = context._forward({k: v for k, v in inputs.items() if k not in ("window_index", "cu_window_seqlens")})
+    for name, value in context.expected["A"].items():
+        assert torch.equal(computed_inside[name], value), name
