@@ -310,7 +310,7 @@ def _call_after(graph, anchor, target, *args):
 
 
 @register_fx_node_fix("executorch")
-def _fix_max_over_negative_dim(graph_module, node) -> bool:
+def _fix_max_for_xnnpack(graph_module, node) -> bool:
     """XNNPACK's partitioner takes `max.dim` on any 4-D input, and its lowering then accepts only the literal dims 2
     and 3 with the reduced axis kept: a max over `dim=-1` fails to lower ("amax.default only supports dim == 2 or
     dim == 3"; GPT-OSS's attention sinks), and so does one over axis 1 that drops it (Hiera's pooling). The same

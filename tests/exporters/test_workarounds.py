@@ -307,9 +307,9 @@ MODULE_CASES = [  # (backend, module, inputs, workaround, error without it)
     ("onnx", _InvertedMask, {"attention_mask": torch.tensor([[1, 1, 0], [1, 0, 0]])},
      "_fix_number_minus_tensor", "compatible OpOverload for aten.sub"),
     ("executorch", _AttentionSinkMax, {"scores": torch.randn(2, 4, 7, 8)},
-     "_fix_max_over_negative_dim", "amax.default only supports dim == 2 or dim == 3"),
+     "_fix_max_for_xnnpack", "amax.default only supports dim == 2 or dim == 3"),
     ("executorch", _StridePool, {"tokens": torch.randn(2, 16, 8)},
-     "_fix_max_over_negative_dim", "amax.default only supports"),
+     "_fix_max_for_xnnpack", "amax.default only supports"),
     ("onnx", _PatchIndexPerImage, {"patches": torch.randn(5, 3), "patches_per_image": torch.tensor([2, 3])},
      "_aten_sym_numel", "No ONNX function found for .*sym_numel"),
 ]  # fmt: skip
