@@ -222,7 +222,12 @@ def parity(view: RunView) -> dict[str, dict]:
         bins = {"pass": [0] * (len(edges) + 1), "mismatch": [0] * (len(edges) + 1)}
         for record in records:
             value = record.max_abs_diff
-            index = 0 if value <= 0 or math.isnan(value) else min(len(edges), max(1, math.floor(math.log10(value)) + 11))
+            if value <= 0 or math.isnan(value):
+                index = 0
+            elif math.isinf(value):  # an overflow in the exported program: the top bin
+                index = len(edges)
+            else:
+                index = min(len(edges), max(1, math.floor(math.log10(value)) + 11))
             bins["pass" if record.status == "pass" else "mismatch"][index] += 1
         worst = sorted(records, key=lambda r: -(r.max_abs_diff if not math.isnan(r.max_abs_diff) else math.inf))[:15]
         result[backend] = {"bins": bins, "labels": ["0"] + [f"1e{e}" for e in edges], "worst": worst, "count": len(records)}

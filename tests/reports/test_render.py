@@ -54,6 +54,16 @@ def test_an_all_failing_run_renders(tmp_path):
     assert "0.0%" in overview and "Largest failure buckets" in overview
 
 
+def test_an_overflowing_or_undefined_difference_renders(tmp_path):
+    store = RunStore(tmp_path)
+    store.create({"models": "two"})
+    store.write(synthetic_record("DeepseekV4ForCausalLM", "executorch", status="fail", max_abs=float("inf")))
+    store.write(synthetic_record("BertModel", "executorch", status="fail", max_abs=float("nan")))
+    store.finish()
+    parity_page = (write_report(tmp_path) / "parity.html").read_text()
+    assert "DeepseekV4ForCausalLM" in parity_page and "BertModel" in parity_page
+
+
 def test_hostile_text_and_huge_tracebacks_are_escaped_and_clipped(tmp_path):
     store = RunStore(tmp_path)
     store.create({})
