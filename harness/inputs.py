@@ -532,7 +532,7 @@ def _multimodal_positions(model, inputs: dict) -> None:
     a loop over tensor values torch.export cannot trace. A runner computes these positions next to the processor;
     so do the inputs, with the model's own `compute_3d_position_ids`."""
     owner = next((module for module in model.modules() if hasattr(module, "compute_3d_position_ids")), None)
-    if owner is None or not any(name.endswith("grid_thw") for name in inputs):
+    if owner is None or _image_grid(inputs) is None:
         return
     accepted = inspect.signature(owner.compute_3d_position_ids).parameters
     arguments = {name: value for name, value in inputs.items() if name in accepted}
@@ -556,15 +556,22 @@ def _vision_windows(model, inputs: dict) -> None:
     `cu_window_seqlens`), as a runner computes them beside the processor; so do the inputs."""
     from transformers.vision_utils import get_vision_window_index
 
-    grid = next((value for name, value in inputs.items() if name.endswith("grid_thw")), None)
+    grid = _image_grid(inputs)
+    if grid is None:
+        return
     tower = next((m for m in model.modules() if all(hasattr(m, a) for a in _WINDOW_ATTRIBUTES)), None)
-    if grid is None or tower is None or "get_vision_window_index" not in inspect.getsource(type(tower).forward):
+    if tower is None or "get_vision_window_index" not in inspect.getsource(type(tower).forward):
         return
     sizes = {name: getattr(tower, name) for name in _WINDOW_ATTRIBUTES}
     inputs["window_index"], inputs["cu_window_seqlens"] = get_vision_window_index(grid, **sizes)
 
 
 _WINDOW_ATTRIBUTES = ("spatial_merge_size", "window_size", "patch_size")
+
+
+def _image_grid(inputs: dict):
+    """The patch grid of the images or videos among the inputs (`grid_thw`, `image_grid_thw`, ...), if any."""
+    return next((value for name, value in inputs.items() if name.endswith("grid_thw")), None)
 
 
 def _inputs_are_audio(parameters) -> bool:

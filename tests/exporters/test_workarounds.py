@@ -225,12 +225,17 @@ def test_packed_images_attend_through_one_masked_sdpa(tiny, backend, monkeypatch
     assert failure.value.stage == "torch-export"
 
 
-@pytest.mark.parametrize("name", ["Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration"])
-def test_a_qwen_vl_model_exports_with_its_rotary_positions_fed(name):
+def _built_by_the_sweep(name):
+    """A class' tiny model, inputs and eager outputs as the sweep builds them."""
     from harness.cells import ClassContext
     from harness.models import select
 
-    context = ClassContext(select(name)[0]).prepare()
+    return ClassContext(select(name)[0]).prepare()
+
+
+@pytest.mark.parametrize("name", ["Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration"])
+def test_a_qwen_vl_model_exports_with_its_rotary_positions_fed(name):
+    context = _built_by_the_sweep(name)
     assert "position_ids" in context.inputs["A"]  # computed by the inputs, as a runner would (and 2.5's windows)
     exported = _export(context, "dynamo")
     assert "segmented_attention" in exported.applied
@@ -245,10 +250,7 @@ CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaroun
 
 @pytest.mark.parametrize("name, backend, workaround, error", CLASS_CASES, ids=[case[2] for case in CLASS_CASES])
 def test_a_model_class_exports_with_its_workaround_and_fails_without(name, backend, workaround, error):
-    from harness.cells import ClassContext
-    from harness.models import select
-
-    context = ClassContext(select(name)[0]).prepare()
+    context = _built_by_the_sweep(name)
     assert context.ok, context.stages[-1].message
     exported = _export(context, backend)
     assert workaround in exported.applied
