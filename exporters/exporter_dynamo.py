@@ -158,7 +158,9 @@ def flat_forward(model: torch.nn.Module, names: list[str], constants: dict[str, 
 
     def forward(*args, **kwargs):
         kwargs.update(zip(names, args))
-        return original(**kwargs, **constants)
+        # Looked up at call time: a stage 2 patch may replace the class's own forward.
+        call = original if had_own else type(model).forward.__get__(model)
+        return call(**kwargs, **constants)
 
     forward.__signature__ = inspect.Signature(
         [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in names]
@@ -275,6 +277,63 @@ def _patch_gemma3n_constant_icdf(_original):
         return torch.nn.functional.relu(inputs - (inputs_mean + inputs_std * std_multiplier))
 
     return gaussian_topk
+
+
+@register_patch(
+    "dynamo",
+    *(
+        f"transformers.models.{module}.{name}ForXVector.forward"
+        for module, name in (
+            ("wav2vec2.modeling_wav2vec2", "Wav2Vec2"),
+            ("wav2vec2_bert.modeling_wav2vec2_bert", "Wav2Vec2Bert"),
+            ("wav2vec2_conformer.modeling_wav2vec2_conformer", "Wav2Vec2Conformer"),
+            ("data2vec.modeling_data2vec_audio", "Data2VecAudio"),
+            ("unispeech_sat.modeling_unispeech_sat", "UniSpeechSat"),
+            ("wavlm.modeling_wavlm", "WavLM"),
+        )
+    ),
+)
+def _patch_xvector_masked_statistics(original):
+    """X-vector heads pool each sample's mean and std over its own length with a Python loop over the batch
+    (`hidden_states[i, :length]`): the batch axis is fixed and ExecuTorch cannot lower the slice to an unbacked
+    length. The same statistics come from a frame mask over the whole batch at once."""
+
+    def forward(self, *args, attention_mask=None, labels=None, **kwargs):
+        from transformers.modeling_outputs import XVectorOutput
+
+        if attention_mask is None:
+            return original(self, *args, labels=labels, **kwargs)
+        if self.config.use_weighted_layer_sum:
+            kwargs["output_hidden_states"] = True
+        outputs = getattr(self, self.base_model_prefix)(*args, attention_mask=attention_mask, **kwargs)
+        if self.config.use_weighted_layer_sum:
+            weights = torch.nn.functional.softmax(self.layer_weights, dim=-1)
+            hidden_states = (torch.stack(outputs.hidden_states, dim=1) * weights.view(-1, 1, 1)).sum(dim=1)
+        else:
+            hidden_states = outputs.last_hidden_state
+        hidden_states = self.projector(hidden_states)
+        for tdnn_layer in self.tdnn:
+            hidden_states = tdnn_layer(hidden_states)
+
+        lengths = self._get_tdnn_output_lengths(self._get_feat_extract_output_lengths(attention_mask.sum(dim=1)))
+        frames = torch.arange(hidden_states.shape[1], device=hidden_states.device)
+        mask = (frames[None, :] < lengths[:, None]).unsqueeze(-1).to(hidden_states.dtype)
+        count = mask.sum(dim=1)
+        mean = (hidden_states * mask).sum(dim=1) / count
+        std = (((hidden_states - mean[:, None]) ** 2 * mask).sum(dim=1) / (count - 1)).sqrt()
+
+        output_embeddings = self.feature_extractor(torch.cat([mean, std], dim=-1))
+        logits = self.classifier(output_embeddings)
+        loss = self.objective(logits, labels) if labels is not None else None
+        return XVectorOutput(
+            loss=loss,
+            logits=logits,
+            embeddings=output_embeddings,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+
+    return forward
 
 
 @register_patch(

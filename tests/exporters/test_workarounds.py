@@ -245,6 +245,7 @@ def test_a_qwen_vl_model_exports_with_its_rotary_positions_fed(name):
 CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaround, error without it)
     ("Gemma3ForSequenceClassification", "onnx", "_patch_mask_by_broadcast", "vmapped"),  # bidirectional images
     ("LongcatFlashModel", "dynamo", "_patch_longcat_flash_experts_dense", "data-dependent"),
+    ("Wav2Vec2ForXVector", "executorch", "_patch_xvector_masked_statistics", "data-dependent"),  # slice to length
 ]
 
 
@@ -257,6 +258,18 @@ def test_a_model_class_exports_with_its_workaround_and_fails_without(name, backe
     assert_parity(exported(**context.inputs["A"]), context.expected["A"], TOLERANCE[backend])
     with disabled_workarounds(workaround), pytest.raises(exporters.ExportError, match=error):
         _export(context, backend)
+
+
+def test_an_xvector_head_keeps_its_batch_axis_dynamic():
+    context = _built_by_the_sweep("Wav2Vec2ForXVector")
+    second = context.inputs["B"]
+    assert second["attention_mask"].shape[0] != context.inputs["A"]["attention_mask"].shape[0]
+    exported = _export(context, "dynamo", dynamic=True)
+    assert_parity(exported(**second), context.expected["B"], TOLERANCE["dynamo"])
+    with disabled_workarounds("_patch_xvector_masked_statistics"):
+        batch_fixed = _export(context, "dynamo", dynamic=True)
+    with pytest.raises(Exception, match="attention_mask"):
+        batch_fixed(**second)
 
 
 class _CheckedTokens(torch.nn.Module):
