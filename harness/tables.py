@@ -58,8 +58,14 @@ TINY_OVERRIDES: dict[str, dict] = {
     "recurrent_gemma": {"num_hidden_layers": 3},
     # attention layers are derived from attention_types in __post_init__, not from attention_layers
     "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
-    # the default fails its own validation (must be 0)
-    "gemma4_assistant": {"hidden_size_per_layer_input": 0},
+    # the default text config fails the assistant's own validation: no per-layer inputs, every layer sharing the
+    # keys and values (0 lets the config set the count to the shrunk layer count)
+    "gemma4_assistant": {"text_config.hidden_size_per_layer_input": 0, "text_config.vocab_size_per_layer_input": 0,
+                         "text_config.num_kv_shared_layers": 0},
+    # per-block channels live in nested block_configs, which the generic shrink leaves at the stem's old width
+    "pp_lcnet_v4": {"stem_channels": [3, 16, 32], "depths": [1, 1, 1, 1], "stage_out_channels": [32, 32, 64, 64],
+                    "block_configs": [[[3, 32, 32, 1, True]], [[3, 32, 32, 1, False]], [[3, 32, 64, [2, 1], False]],
+                                      [[3, 64, 64, [2, 1], False]]]},
     # image_size / num_windows must be divisible by sqrt(num_windows)
     "lw_detr_vit": {"num_windows": 4},
     # no layer_types and no full_attn_idxs by default: the model cannot tell its layers apart

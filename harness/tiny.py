@@ -455,7 +455,23 @@ def tiny_config(model_class):
         overrides.setdefault("is_decoder", True)
     if "is_encoder_decoder" in fields and model_class.name.endswith("EncoderModel"):
         overrides.setdefault("is_encoder_decoder", False)
-    return config_class(**shrink(config_class(), overrides))
+    return config_class(**shrink(_defaults(config_class, overrides), overrides))
+
+
+def _defaults(config_class, overrides: dict):
+    """The config class' defaults. A default that fails its own validation (Gemma 4 assistant's text config) is
+    built again seeded with the overrides that reach one level into its sub-configs."""
+    try:
+        return config_class()
+    except Exception:
+        seeded: dict[str, dict] = {}
+        for dotted, value in overrides.items():
+            parent, _, leaf = dotted.partition(".")
+            if leaf and "." not in leaf:
+                seeded.setdefault(parent, {})[leaf] = value
+        if not seeded:
+            raise
+        return config_class(**seeded)
 
 
 def special_token_ids(config) -> set[int]:

@@ -53,6 +53,7 @@ KINDS = {
     "InstructBlipVideoForConditionalGeneration": "text+video",  # clips under the name pixel_values
     "VipLlavaForConditionalGeneration": "text+image",  # the vision layers it concatenates exist in a tiny tower
     "Emu3ForCausalLM": "text",  # its model type's override names a VQ config its text-only config lacks
+    "PPLCNetV4Backbone": "image",  # per-block channels nested in block_configs
 }
 
 
@@ -63,6 +64,12 @@ def test_tiny_model_builds_and_runs_eager_with_its_modality(name):
     assert context.input_set == KINDS[name]
     assert context.inputs["A"] and context.inputs["B"]
     assert sum(p.numel() for p in context.model.parameters()) < 5_000_000, "tiny"
+
+
+def test_a_config_whose_defaults_fail_their_own_validation_is_seeded_by_its_overrides():
+    config = tiny_config(select("Gemma4AssistantForCausalLM")[0])  # its default text config is a full Gemma 4's
+    assert config.text_config.hidden_size_per_layer_input == 0
+    assert config.text_config.num_kv_shared_layers == config.text_config.num_hidden_layers <= 4
 
 
 def test_a_vision_language_model_gets_one_placeholder_per_image_feature():
