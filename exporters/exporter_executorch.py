@@ -399,6 +399,34 @@ def _fix_tensor_condition_assert(graph_module, node) -> bool:
     return True
 
 
+@register_fx_node_fix("executorch")
+def _fix_size_only_check(graph_module, node) -> bool:
+    """A tensor computed only to assert on its length: T5's classification head checks that every example has as
+    many EOS tokens with `len(unique_consecutive(counts)) == 1`. `unique_consecutive` is not in Core ATen, so
+    to_edge rejects a program that only needs it for that check. The assert is dropped (it only rejects malformed
+    inputs), and the tensor with it."""
+    if node.op != "call_function" or node.target is not torch.ops.aten._assert_scalar.default:
+        return False
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    sizes, pending = [], [node.args[0]]
+    while pending:
+        current = pending.pop()
+        if not isinstance(current, torch.fx.Node):
+            continue
+        if current.target is torch.ops.aten.sym_size.int:
+            sizes.append(current)
+        else:
+            pending.extend(current.all_input_nodes)
+    # only a data-dependent length, of a tensor nothing else reads
+    if not sizes or not all(free_unbacked_symbols(size.meta.get("val")) for size in sizes):
+        return False
+    if any(user.target is not torch.ops.aten.sym_size.int for size in sizes for user in size.args[0].users):
+        return False
+    graph_module.graph.erase_node(node)
+    return True
+
+
 def _is_tensor_truth(node) -> bool:
     """``node`` is ``item(_is_all_true(tensor))``."""
     return (

@@ -280,6 +280,12 @@ class _CheckedTokens(torch.nn.Module):
         return input_ids.float() * 2
 
 
+class _SameEosCount(torch.nn.Module):
+    """T5's classification head: every example must hold as many EOS tokens."""
+
+    def forward(self, input_ids):
+        torch._check(torch.unique_consecutive((input_ids == 1).sum(dim=1)).numel() == 1)
+        return input_ids.float() * 2
 
 
 class _InvertedMask(torch.nn.Module):
@@ -319,6 +325,8 @@ MODULE_CASES = [  # (backend, module, inputs, workaround, error without it)
      "_aten__is_all_true", "No ONNX function found for .*_is_all_true"),
     ("executorch", _CheckedTokens, {"input_ids": torch.tensor([[3, 1, 4], [1, 5, 9]])},
      "_fix_tensor_condition_assert", "data-dependent expression Eq"),
+    ("executorch", _SameEosCount, {"input_ids": torch.tensor([[3, 1, 4], [1, 5, 9]])},
+     "_fix_size_only_check", "unique_consecutive.default is not in Core ATen"),
     ("onnx", _InvertedMask, {"attention_mask": torch.tensor([[1, 1, 0], [1, 0, 0]])},
      "_fix_number_minus_tensor", "compatible OpOverload for aten.sub"),
     ("executorch", _AttentionSinkMax, {"scores": torch.randn(2, 4, 7, 8)},
