@@ -14,6 +14,7 @@ ExecuTorch is imported on first use: it costs seconds, and the other backends do
 
 from __future__ import annotations
 
+import math
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,6 +172,22 @@ def _patch_bucketize_as_comparison(original):
     return bucketize
 
 
+@register_patch("executorch", "torch.nn.functional.embedding_bag")
+def _patch_embedding_bag_as_gather(original):
+    """The portable runtime has no `_embedding_bag` kernel (Kimi-K2.5's position embedding gathers interpolation
+    taps with it). Fixed-size bags (a 2-D input) are a gather and a weighted sum or mean over the bag axis."""
+
+    def embedding_bag(input, weight, offsets=None, *args, per_sample_weights=None, mode="mean", **kwargs):
+        if args or kwargs or offsets is not None or input.dim() != 2 or mode not in ("sum", "mean"):
+            return original(input, weight, offsets, *args, per_sample_weights=per_sample_weights, mode=mode, **kwargs)
+        rows = torch.nn.functional.embedding(input, weight)
+        if per_sample_weights is not None:
+            rows = rows * per_sample_weights.unsqueeze(-1)
+        return rows.sum(dim=1) if mode == "sum" else rows.mean(dim=1)
+
+    return embedding_bag
+
+
 # ── Stage 3: ExecuTorch patches ──────────────────────────────────────────────
 # `@register_patch("executorch", "executorch.<internal>")`: lowering steps that fail on valid graphs.
 
@@ -307,6 +324,63 @@ def _call_after(graph, anchor, target, *args):
         node = graph.call_function(target, (anchor, *args))
     node.meta["val"] = target(anchor.meta["val"], *args)
     return node
+
+
+# argument names of the convolutions a program may hold, in order
+_CONVOLUTIONS = {
+    torch.ops.aten.conv3d.default: ("input", "weight", "bias", "stride", "padding", "dilation", "groups"),
+    torch.ops.aten.convolution.default: (
+        "input", "weight", "bias", "stride", "padding", "dilation", "transposed", "output_padding", "groups"
+    ),
+}
+
+
+@register_fx_node_fix("executorch")
+def _fix_patchify_conv3d(graph_module, node) -> bool:
+    """Video and Qwen-VL patch embeddings are a 3-D convolution whose stride is its kernel (tubelets, or patches
+    cut beforehand). ExecuTorch's portable convolution takes only 3-D and 4-D inputs and XNNPACK has no 3-D one:
+    the same products are a linear layer over the flattened patches, which XNNPACK lowers."""
+    if node.op != "call_function" or node.target not in _CONVOLUTIONS:
+        return False
+    options = {"bias": None, "stride": [1], "padding": [0], "dilation": [1], "transposed": False, "groups": 1}
+    options.update(zip(_CONVOLUTIONS[node.target], node.args), **node.kwargs)
+    source, weight, bias = options["input"], options["weight"], options["bias"]
+    kernel = list(weight.meta["val"].shape[2:])
+    spatial = list(source.meta["val"].shape[2:])
+    stride = list(options["stride"]) * (3 if len(options["stride"]) == 1 else 1)
+    plain = not options["transposed"] and options["groups"] == 1 and set(options["dilation"]) == {1}
+    if len(kernel) != 3 or not plain or options["padding"] not in ([0], [0, 0, 0], (0, 0, 0)) or stride != kernel:
+        return False
+    if not all(isinstance(size, int) and size % k == 0 for size, k in zip(spatial, kernel)):
+        return False
+    out_channels, in_channels = weight.meta["val"].shape[:2]
+    grid = [s // k for s, k in zip(spatial, kernel)]
+    graph = graph_module.graph
+
+    def call(target, *args, **kwargs):
+        with graph.inserting_before(node):
+            new = graph.call_function(target, args, kwargs)
+        new.meta["val"] = target(*(a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args), **kwargs)
+        return new
+
+    aten = torch.ops.aten
+    # Fold one axis at a time (XNNPACK takes at most 6 dims): rows end up (batch, depth, height, width) patches,
+    # columns (channel, depth, height, width) within one, as the weight's.
+    patches = source
+    for axis, rest in ((0, [spatial[1] * spatial[2]]), (1, [spatial[2]]), (2, [])):
+        folded = in_channels * math.prod(kernel[:axis])
+        patches = call(aten.view.default, patches, [-1, folded, grid[axis], kernel[axis], *rest])
+        patches = call(aten.transpose.int, patches, 1, 2)
+        with graph.inserting_before(node):
+            patches = contiguous_copy(graph, patches)
+    patches = call(aten.view.default, patches, [-1, in_channels * math.prod(kernel)])
+    flat_weight = call(aten.view.default, weight, [out_channels, -1])
+    embedded = call(aten.linear.default, patches, flat_weight, bias)
+    embedded = call(aten.view.default, embedded, [-1, *grid, out_channels])
+    embedded = call(aten.permute.default, embedded, [0, 4, 1, 2, 3])
+    node.replace_all_uses_with(embedded)
+    graph.erase_node(node)
+    return True
 
 
 @register_fx_node_fix("executorch")

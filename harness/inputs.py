@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import inspect
 import re
+import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -509,7 +511,6 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
             _place_placeholders(context, inputs, modality)
     if "position_ids" in parameters and "input_ids" in inputs:
         _multimodal_positions(model, inputs)
-    _vision_windows(model, inputs)
     eos = getattr(model.config, "eos_token_id", None)
     if type(model).__name__.endswith("ForSequenceClassification") and isinstance(eos, int) and "input_ids" in inputs:
         inputs["input_ids"][:, -1] = eos  # encoder-decoder classifiers pool the hidden state at <eos>
@@ -517,6 +518,7 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
         for name in ("input_ids", "attention_mask", "token_type_ids", "global_attention_mask"):
             if name in inputs:
                 inputs[name] = inputs[name].unsqueeze(1).expand(-1, NUM_CHOICES, -1).contiguous()
+    _vision_precomputed(model, inputs)
     modalities = [MODALITY_INPUTS[name] for name in inputs if name in MODALITY_INPUTS]
     if context.label_hint == "video":
         modalities = ["video" if m == "image" else m for m in modalities]
@@ -550,23 +552,79 @@ def _multimodal_positions(model, inputs: dict) -> None:
         inputs["position_ids"] = positions
 
 
-def _vision_windows(model, inputs: dict) -> None:
-    """Qwen2.5-VL-style vision towers attend within windows whose token order and bounds come from a Python loop
-    over the image grid, which torch.export cannot trace. They take both precomputed (`window_index`,
-    `cu_window_seqlens`), as a runner computes them beside the processor; so do the inputs."""
-    from transformers.vision_utils import get_vision_window_index
-
-    grid = _image_grid(inputs)
-    if grid is None:
+def _vision_precomputed(model, inputs: dict) -> None:
+    """Vision towers derive their patch positions, attention boundaries, windows and position-embedding taps from
+    the image grid with Python loops, `tolist()` and `repeat_interleave`: untraceable, an image count the trace
+    fixes, or a length ExecuTorch has no kernel for. Their `get_vision_*` helpers (transformers' `vision_utils`, or
+    the model's own) take the result precomputed under a kwarg, as a runner computes it beside the processor: one
+    eager call records what the model computes for these inputs, and the inputs feed it. Not a helper called twice
+    (a tower run on images and on videos), nor, to a composite model, a name its language model reads too: it hands
+    its kwargs to both halves, and text layers would take `cu_seqlens` for packed sequences."""
+    if not any(p.kind is p.VAR_KEYWORD for p in inspect.signature(model.forward).parameters.values()):
         return
-    tower = next((m for m in model.modules() if all(hasattr(m, a) for a in _WINDOW_ATTRIBUTES)), None)
-    if tower is None or "get_vision_window_index" not in inspect.getsource(type(tower).forward):
+    tower = _CALLS_VISION_HELPER.search(inspect.getsource(type(model).forward))
+    helpers = _vision_helpers(model)
+    if not helpers:
         return
-    sizes = {name: getattr(tower, name) for name in _WINDOW_ATTRIBUTES}
-    inputs["window_index"], inputs["cu_window_seqlens"] = get_vision_window_index(grid, **sizes)
+    calls: dict[Callable, list] = {helper: [] for helper in helpers}
+    with _recording(helpers, calls), torch.no_grad():
+        model(**inputs)
+    for helper, results in calls.items():
+        keys = helpers[helper][1]
+        if len(results) != 1 or any(key in inputs or (not tower and key in _TEXT_KWARGS) for key in keys):
+            continue
+        values = results[0] if len(keys) > 1 else (results[0],)
+        if len(values) == len(keys) and all(isinstance(value, torch.Tensor) for value in values):
+            inputs.update(zip(keys, values))
 
 
-_WINDOW_ATTRIBUTES = ("spatial_merge_size", "window_size", "patch_size")
+_TEXT_KWARGS = {"cu_seqlens", "position_ids"}
+_CALLS_VISION_HELPER = re.compile(r"(?<![.\w])get_vision_\w+\(")
+_POPPED_KWARG = re.compile(r"""kwargs\.pop\(["'](\w+)["']""")
+
+
+def _vision_helpers(model) -> dict[Callable, tuple[list, tuple[str, ...]]]:
+    """``helper -> ([(module, name) it is reached by], kwargs it pops)`` for every ``get_vision_*`` function of
+    ``vision_utils`` and of the model's own modules that takes its result precomputed."""
+    from transformers import vision_utils
+
+    def functions(module):
+        return [(name, f) for name, f in vars(module).items() if name.startswith("get_vision_") and inspect.isfunction(f)]
+
+    modules = {sys.modules[type(m).__module__] for m in model.modules()}
+    if not any(functions(module) for module in modules):
+        return {}
+    helpers: dict[Callable, tuple[list, tuple[str, ...]]] = {}
+    for module in modules | {vision_utils}:  # its helpers call one another
+        for name, function in functions(module):
+            if function not in helpers:
+                keys = tuple(_POPPED_KWARG.findall(inspect.getsource(function)))
+                if not keys:
+                    continue
+                helpers[function] = ([], keys)
+            helpers[function][0].append((module, name))
+    return helpers
+
+
+@contextmanager
+def _recording(helpers: dict, calls: dict[Callable, list]):
+    """Each helper records its results in ``calls`` wherever it is reached, while the context lasts."""
+    installed = []
+    for helper, (places, _) in helpers.items():
+
+        def recording(*args, _helper=helper, **kwargs):
+            result = _helper(*args, **kwargs)
+            calls[_helper].append(result)
+            return result
+
+        for module, name in places:
+            setattr(module, name, recording)
+            installed.append((module, name, helper))
+    try:
+        yield
+    finally:
+        for module, name, helper in installed:
+            setattr(module, name, helper)
 
 
 def _image_grid(inputs: dict):

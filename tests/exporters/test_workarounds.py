@@ -318,6 +318,49 @@ class _PatchIndexPerImage(torch.nn.Module):
         return patches + index[:, None]
 
 
+class _Tubelets(torch.nn.Module):
+    """VideoMAE's and Qwen-VL's patch embedding: a 3-D convolution whose stride is its kernel."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Conv3d(3, 8, kernel_size=(2, 4, 4), stride=(2, 4, 4))
+
+    def forward(self, video):
+        return self.proj(video)
+
+
+class _InterpolationTaps(torch.nn.Module):
+    """Kimi-K2.5's position embedding: interpolation taps gathered and weighted as fixed-size bags."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(16, 8))
+
+    def forward(self, indices, weights):
+        return torch.nn.functional.embedding_bag(indices, self.table, per_sample_weights=weights, mode="sum")
+
+
+RUNTIME_CASES = [  # (module, inputs, workaround, what the ExecuTorch runtime says without it)
+    (_Tubelets, {"video": torch.randn(2, 3, 4, 8, 12)}, "_fix_patchify_conv3d", "0x12"),  # 3-D and 4-D only
+    (_InterpolationTaps, {"indices": torch.randint(0, 16, (5, 4)), "weights": torch.rand(5, 4)},
+     "_patch_embedding_bag_as_gather", "0x:14"),  # no such kernel
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("module, inputs, workaround, error", RUNTIME_CASES, ids=[c[2] for c in RUNTIME_CASES])
+def test_a_pattern_the_executorch_runtime_cannot_run_is_rewritten(module, inputs, workaround, error):
+    model = module().eval()
+    exporter, config = exporters.exporter_for("executorch")
+    exported = exporter.export(model, inputs, config)
+    assert workaround in exported.applied
+    (got,) = exported(**inputs).values()
+    torch.testing.assert_close(got, model(**inputs), atol=1e-5, rtol=1e-5)
+    with disabled_workarounds(workaround):
+        as_traced = exporter.export(model, inputs, config)
+    with pytest.raises(RuntimeError, match=error):
+        as_traced(**inputs)
+
+
 MODULE_CASES = [  # (backend, module, inputs, workaround, error without it)
     ("executorch", _PatchPositions, {"coordinates": torch.tensor([[-1.0, 0.0, 0.1, 0.25, 0.3, 0.75, 0.9, 1.0]])},
      "_patch_bucketize_as_comparison", "bucketize.Tensor is not in Core ATen"),

@@ -126,11 +126,18 @@ def test_multimodal_rotary_positions_are_fed_as_the_model_computes_them():
         assert torch.equal(computed_inside[name], value), name
 
 
-def test_vision_windows_are_fed_as_the_tower_computes_them():
-    context = ClassContext(select("Qwen2_5_VisionTransformerPretrainedModel")[0]).prepare()
+@pytest.mark.parametrize("name, precomputed", [
+    ("Qwen2_5_VisionTransformerPretrainedModel", {"cu_seqlens", "position_ids", "window_index", "cu_window_seqlens"}),
+    ("Kimi_K25VisionModel", {"cu_seqlens", "position_ids", "interp_indices", "frame_index", "temporal_merge_index"}),
+    ("Qwen2_5_VLModel", {"window_index", "cu_window_seqlens"}),  # its language model reads the rest as text's
+])
+def test_vision_grid_helpers_are_fed_as_the_model_computes_them(name, precomputed):
+    context = ClassContext(select(name)[0]).prepare()
     assert context.ok, context.stages[-1].message
     inputs = context.inputs["A"]
-    assert {"window_index", "cu_window_seqlens"} <= set(inputs)
-    computed_inside = context._forward({k: v for k, v in inputs.items() if k not in ("window_index", "cu_window_seqlens")})
-    for name, value in context.expected["A"].items():
-        assert torch.equal(computed_inside[name], value), name
+    assert precomputed <= set(inputs)
+    if name == "Qwen2_5_VLModel":
+        assert "cu_seqlens" not in inputs and inputs["position_ids"].shape[0] == 3  # the text's multimodal positions
+    computed_inside = context._forward({k: v for k, v in inputs.items() if k not in precomputed})
+    for output, value in context.expected["A"].items():
+        assert torch.equal(computed_inside[output], value), output
