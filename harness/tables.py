@@ -50,6 +50,9 @@ _HIERA_STAGES = {"backbone_config.hidden_size": 8, "backbone_config.embed_dim_pe
 _SAM2 = {**{f"vision_config.{key}": value for key, value in _HIERA_STAGES.items()},
          "prompt_encoder_config.patch_size": 16}
 
+_QWEN4_INDEXER = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8,
+                  "indexer_compress_ratio": 4}
+
 # model type -> {config attribute (dotted into sub-configs): value}, applied after the generic shrink.
 TINY_OVERRIDES: dict[str, dict] = {
     # its default layout has no attention layer at all, which its own masks then ask for
@@ -66,6 +69,16 @@ TINY_OVERRIDES: dict[str, dict] = {
     "pp_lcnet_v4": {"stem_channels": [3, 16, 32], "depths": [1, 1, 1, 1], "stage_out_channels": [32, 32, 64, 64],
                     "block_configs": [[[3, 32, 32, 1, True]], [[3, 32, 32, 1, False]], [[3, 32, 64, [2, 1], False]],
                                       [[3, 64, 64, [2, 1], False]]]},
+    # the sparse-attention indexer is sized by checkpoints only (defaults None); one key head, as it requires
+    "qwen4_exp": {f"text_config.{key}": value for key, value in _QWEN4_INDEXER.items()},
+    "qwen4_exp_text": _QWEN4_INDEXER,  # its causal LM is built from the text config
+    # its cache sizes heads from widths rounded up to 64 while its layers do not: widths that need no rounding
+    "xlstm": {"hidden_size": 128, "embedding_dim": 128},
+    # its patch_size is the crop each ViT sees, which must be the ViTs' image size, and fit a quarter of the image;
+    # the hooks read hidden states of layers a two-layer ViT has
+    "depth_pro": {"patch_size": 8, "intermediate_hook_ids": [1, 0], "intermediate_feature_dims": [16, 16],
+                  "scaled_images_feature_dims": [32, 32, 16], **{f"{vit}_model_config.{key}": value for vit in ("image", "patch", "fov")
+                                      for key, value in (("image_size", 8), ("patch_size", 4))}},
     # image_size / num_windows must be divisible by sqrt(num_windows)
     "lw_detr_vit": {"num_windows": 4},
     # no layer_types and no full_attn_idxs by default: the model cannot tell its layers apart
@@ -75,8 +88,10 @@ TINY_OVERRIDES: dict[str, dict] = {
     # the spatial embedding is 4 coordinate + 2 shape embeddings, which must add up to the hidden size
     "layoutlmv2": {"coordinate_size": 4, "shape_size": 8},
     "layoutlmv3": {"coordinate_size": 4, "shape_size": 8, "input_size": 32},
-    # a shared transformer block every other layer: two of them are needed for its tied weights
-    "zamba": {"num_hidden_layers": 4},
+    # a shared transformer block every other layer: two of them are needed for its tied weights; it attends over
+    # the hidden state and the embeddings side by side, twice the width
+    "zamba": {"num_hidden_layers": 4, "layers_block_type": ["linear_attention", "hybrid"] * 2,
+              "attention_hidden_size": 64, "attention_head_dim": 16, "mamba_dt_rank": 4},
     # output stride 32: a 32-pixel image leaves nothing for the transformer blocks to mix
     "mobilevit": {"image_size": 64},
     "mobilevitv2": {"image_size": 64},

@@ -234,7 +234,11 @@ def shrink(config, overrides: dict | None = None) -> dict:
     fields = _init_fields(type(config))
     current = _own_values(config, fields)
     original_layers = _layers_of(current)
-    values: dict[str, Any] = {}
+    # flags a parent's defaults set on a sub-config beyond its fields (CHMv2 asks its DINOv3 backbone for class tokens)
+    values: dict[str, Any] = {
+        name: value for name, value in vars(config).items()
+        if isinstance(value, bool) and not name.startswith("_") and name not in fields
+    }
     for name, value in current.items():
         if name.startswith("_") or name in ("id2label", "label2id"):
             continue
@@ -448,7 +452,9 @@ def tiny_config(model_class):
     """The tiny config of a ``ModelClass``: its config class' defaults, shrunk, then its model type's
     ``TINY_OVERRIDES`` row."""
     config_class = getattr(model_class.load(), "config_class", None) or model_class.config_class()
-    overrides = dict(TINY_OVERRIDES.get(model_class.model_type, {}))
+    # the row of the config class built too, when a class of one model type takes another's (a text-only head)
+    overrides = {**TINY_OVERRIDES.get(getattr(config_class, "model_type", ""), {}),
+                 **TINY_OVERRIDES.get(model_class.model_type, {})}
     fields = _init_fields(config_class)
     # what the class' name says about the config it needs
     if "is_decoder" in fields and model_class.name.endswith(("ForCausalLM", "LMHeadModel", "WithLMHead")):

@@ -54,6 +54,11 @@ KINDS = {
     "VipLlavaForConditionalGeneration": "text+image",  # the vision layers it concatenates exist in a tiny tower
     "Emu3ForCausalLM": "text",  # its model type's override names a VQ config its text-only config lacks
     "PPLCNetV4Backbone": "image",  # per-block channels nested in block_configs
+    "DepthProForDepthEstimation": "image",  # its ViTs' image size is its crop size
+    "CHMv2ForDepthEstimation": "image",  # a flag its defaults set on the backbone config survives the shrink
+    "Qwen4ExpForCausalLM": "text",  # its text config's own row: the indexer sizes checkpoints carry
+    "ZambaForCausalLM": "text",  # two shared blocks, attending over twice the width
+    "xLSTMForCausalLM": "text",  # widths its cache need not round up
 }
 
 
