@@ -131,8 +131,9 @@ class ResultCache:
         record.cache_key = key
         write_json_atomic(self._path(key), record.to_dict())
 
-    def save_from(self, run_store) -> int:
-        """Cache every fresh record of a run."""
+    def save_from(self, run_store, since: str) -> int:
+        """Cache every record a run produced, those finished ``since`` it started (an ISO time): a resumed run's
+        store also holds records of earlier invocations, made by other code than the key now names."""
         from .cells import Cell
         from .models import all_model_classes
 
@@ -140,7 +141,8 @@ class ResultCache:
         saved = 0
         for record in run_store.records():
             model = classes.get(record.model_class)
-            if model is not None and not record.reused and record.status not in NOT_CACHED:
+            fresh = not record.reused and (record.finished_at or "") >= since
+            if model is not None and fresh and record.status not in NOT_CACHED:
                 self.store(Cell(model, record.backend, record.shape_mode), record)
                 saved += 1
         return saved

@@ -161,7 +161,7 @@ def execute_run(args, classes) -> int:
     from registry import Registry
 
     from .cache import ResultCache
-    from .store import RunStore
+    from .store import RunStore, now
     from .sweep import Plan, Progress, run_sweep
     from .workers import WorkerOptions, warm_imports
 
@@ -192,11 +192,12 @@ def execute_run(args, classes) -> int:
         log_dir=out / "logs",
     )  # fmt: skip
     progress = Progress(plan.total)
+    started = now()
     try:
         counts = run_sweep(plan, store, worker_options, jobs, registry, progress, reuse=cache.lookup if cache else None)
     finally:
         if cache is not None:
-            cache.save_from(store)
+            cache.save_from(store, since=started)
     store.finish(counts=dict(counts))
     print(f"export-sweep: {sum(counts.values())} cells: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     if not args.no_report:

@@ -104,3 +104,17 @@ def test_a_second_run_reuses_every_cell_and_marks_it(tmp_path):
                             text=True, timeout=600)  # fmt: skip
     assert forced.returncode == 0
     assert not any(record.reused for record in RunStore(tmp_path / "third").records())
+
+
+def test_a_resumed_run_caches_only_the_records_it_made(tmp_path):
+    command = [sys.executable, "-m", "harness.cli", "run", "--models", "BertModel", "--backends", "dynamo",
+               "--shapes", "static", "--jobs", "1", "--out", str(tmp_path / "run"), "--no-report"]  # fmt: skip
+    first = subprocess.run([*command, "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    from harness import RunStore
+
+    store = RunStore(tmp_path / "run")
+    (record,) = store.records()
+    cache = ResultCache(tmp_path / "cache")
+    assert cache.save_from(store, since="9999") == 0  # made before this run: other code may have made it
+    assert cache.save_from(store, since=record.started_at) == 1
