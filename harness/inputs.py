@@ -562,7 +562,7 @@ def _vision_precomputed(model, inputs: dict) -> None:
     its kwargs to both halves, and text layers would take `cu_seqlens` for packed sequences."""
     if not any(p.kind is p.VAR_KEYWORD for p in inspect.signature(model.forward).parameters.values()):
         return
-    tower = _CALLS_VISION_HELPER.search(inspect.getsource(type(model).forward))
+    tower_alone = bool(_CALLS_VISION_HELPER.search(inspect.getsource(type(model).forward)))
     helpers = _vision_helpers(model)
     if not helpers:
         return
@@ -571,7 +571,7 @@ def _vision_precomputed(model, inputs: dict) -> None:
         model(**inputs)
     for helper, results in calls.items():
         keys = helpers[helper][1]
-        if len(results) != 1 or any(key in inputs or (not tower and key in _TEXT_KWARGS) for key in keys):
+        if len(results) != 1 or any(key in inputs or (not tower_alone and key in _TEXT_KWARGS) for key in keys):
             continue
         values = results[0] if len(keys) > 1 else (results[0],)
         if len(values) == len(keys) and all(isinstance(value, torch.Tensor) for value in values):
