@@ -562,7 +562,7 @@ def _vision_precomputed(model, inputs: dict) -> None:
     its kwargs to both halves, and text layers would take `cu_seqlens` for packed sequences."""
     if not any(p.kind is p.VAR_KEYWORD for p in inspect.signature(model.forward).parameters.values()):
         return
-    tower_alone = bool(_CALLS_VISION_HELPER.search(inspect.getsource(type(model).forward)))
+    tower_alone = not any(getattr(model.config, part, None) is not None for part in ("text_config", "vision_config"))
     helpers = _vision_helpers(model)
     if not helpers:
         return
@@ -579,7 +579,6 @@ def _vision_precomputed(model, inputs: dict) -> None:
 
 
 _TEXT_KWARGS = {"cu_seqlens", "position_ids"}
-_CALLS_VISION_HELPER = re.compile(r"(?<![.\w])get_vision_\w+\(")
 _POPPED_KWARG = re.compile(r"""kwargs\.pop\(["'](\w+)["']""")
 
 

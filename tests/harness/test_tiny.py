@@ -134,6 +134,7 @@ def test_multimodal_rotary_positions_are_fed_as_the_model_computes_them():
 @pytest.mark.parametrize("name, precomputed", [
     ("Qwen2_5_VisionTransformerPretrainedModel", {"cu_seqlens", "position_ids", "window_index", "cu_window_seqlens"}),
     ("Kimi_K25VisionModel", {"cu_seqlens", "position_ids", "interp_indices", "frame_index", "temporal_merge_index"}),
+    ("MiniCPMV4_7VisionModel", {"position_ids", "window_index", "cu_window_seqlens"}),  # grid from target_sizes
     ("Qwen2_5_VLModel", {"window_index", "cu_window_seqlens"}),  # its language model reads the rest as text's
 ])
 def test_vision_grid_helpers_are_fed_as_the_model_computes_them(name, precomputed):
