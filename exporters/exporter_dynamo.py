@@ -223,43 +223,63 @@ def _patch_mask_by_broadcast(_original):
     return expansion
 
 
+def _every_expert(hidden_states, chosen, weights, experts):
+    """Mixture-of-experts layers loop over the experts a batch hits (`nonzero()`), a data-dependent loop
+    torch.export cannot trace. Every expert runs on every token instead, weighted by its routing weight (zero where
+    not chosen): the same sum. ``experts[i](hidden_states)`` is expert ``i``'s output; ``chosen`` holds expert
+    indices, ``weights`` their routing weights, in the same layout."""
+    output = torch.zeros_like(hidden_states)
+    for index, expert in enumerate(experts):
+        weight = ((chosen == index).to(weights.dtype) * weights).sum(dim=-1, keepdim=True)
+        output = output + (expert(hidden_states) * weight).to(hidden_states.dtype)
+    return output
+
+
 @register_patch("dynamo", "transformers.models.nllb_moe.modeling_nllb_moe.NllbMoeExperts.forward")
 def _patch_nllb_moe_experts_dense(_original):
-    """NLLB-MoE loops over the experts a batch hits (`nonzero()`): a data-dependent loop torch.export cannot trace.
-
-    Runs every expert on every token and weights it by the routing mask instead, the same sum as eager's loop.
-    """
+    """NLLB-MoE's experts, every one on every token (`_every_expert`), with eval mode's token-dropout scaling."""
 
     def forward(self, hidden_states, router_mask, router_probs):
-        output = torch.zeros_like(hidden_states)
-        for index in range(self.num_experts):
-            weight = ((router_mask == index).to(router_probs.dtype) * router_probs).sum(dim=-1, keepdim=True)
-            expert_output = self[f"expert_{index}"](hidden_states) * weight
-            if self.moe_token_dropout > 0 and not self.training:
-                expert_output = expert_output * (1 - self.moe_token_dropout)
-            output = output + expert_output.to(hidden_states.dtype)
-        return output
+        scale = 1 - self.moe_token_dropout if self.moe_token_dropout > 0 and not self.training else 1.0
+        experts = [lambda x, i=i: self[f"expert_{i}"](x) * scale for i in range(self.num_experts)]
+        return _every_expert(hidden_states, router_mask, router_probs, experts)
 
     return forward
 
 
 @register_patch("dynamo", "transformers.models.longcat_flash.modeling_longcat_flash.LongcatFlashExperts.forward")
 def _patch_longcat_flash_experts_dense(_original):
-    """LongCat-Flash loops over the experts a batch hits (`nonzero()`), a data-dependent loop torch.export cannot
-    trace. Every expert runs on every token instead, weighted by its routing weight (zero where not chosen); its
-    zero-compute experts pass the tokens through, as in eager."""
+    """LongCat-Flash's experts, every one on every token (`_every_expert`); its zero-compute experts pass the
+    tokens through, as in eager."""
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
-        output = torch.zeros_like(hidden_states)
-        for index in range(self.total_experts):
-            weight = ((top_k_index == index).to(top_k_weights.dtype) * top_k_weights).sum(dim=-1, keepdim=True)
-            if index >= self.num_routed_experts or self.gate_up_proj is None:
-                expert_output = self.identity_expert(hidden_states)
-            else:
-                gate, up = torch.nn.functional.linear(hidden_states, self.gate_up_proj[index]).chunk(2, dim=-1)
-                expert_output = torch.nn.functional.linear(self.act_fn(gate) * up, self.down_proj[index])
-            output = output + (expert_output * weight).to(hidden_states.dtype)
-        return output
+        def routed(index):
+            def expert(x):
+                gate, up = torch.nn.functional.linear(x, self.gate_up_proj[index]).chunk(2, dim=-1)
+                return torch.nn.functional.linear(self.act_fn(gate) * up, self.down_proj[index])
+
+            return expert
+
+        experts = [
+            self.identity_expert if index >= self.num_routed_experts or self.gate_up_proj is None else routed(index)
+            for index in range(self.total_experts)
+        ]
+        return _every_expert(hidden_states, top_k_index, top_k_weights, experts)
+
+    return forward
+
+
+@register_patch("dynamo", "transformers.models.dbrx.modeling_dbrx.DbrxExperts.forward")
+def _patch_dbrx_experts_dense(_original):
+    """DBRX's experts, every one on every token (`_every_expert`), each a slice of the packed GLU weights."""
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        shape = hidden_states.shape
+        packed = (-1, self.ffn_hidden_size, self.hidden_size)
+        w1, v1, w2 = (weight.view(packed) for weight in (self.mlp.w1, self.mlp.v1, self.mlp.w2))
+        experts = [lambda x, i=i: self.mlp(x, w1[i], v1[i], w2[i]) for i in range(self.num_experts)]
+        flat = hidden_states.reshape(-1, self.hidden_size)
+        return _every_expert(flat, top_k_index, top_k_weights, experts).view(shape)
 
     return forward
 

@@ -245,6 +245,7 @@ def test_a_qwen_vl_model_exports_with_its_rotary_positions_fed(name):
 CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaround, error without it)
     ("Gemma3ForSequenceClassification", "onnx", "_patch_mask_by_broadcast", "vmapped"),  # bidirectional images
     ("LongcatFlashModel", "dynamo", "_patch_longcat_flash_experts_dense", "data-dependent"),
+    ("DbrxForCausalLM", "dynamo", "_patch_dbrx_experts_dense", "data-dependent"),
     ("Wav2Vec2ForXVector", "executorch", "_patch_xvector_masked_statistics", "data-dependent"),  # slice to length
 ]
 
