@@ -318,11 +318,11 @@ def _fix_attention_output_layout(graph_module, node) -> bool:
     return True
 
 
-def _call_after(graph, anchor, target, *args):
-    """A node ``target(anchor, *args)`` right after ``anchor``, with its fake value."""
-    with graph.inserting_after(anchor):
+def _call_after(graph, anchor, target, *args, after=None):
+    """A node ``target(anchor, *args)`` right after ``after`` (by default ``anchor``), with its fake value."""
+    with graph.inserting_after(after or anchor):
         node = graph.call_function(target, (anchor, *args))
-    node.meta["val"] = target(anchor.meta["val"], *args)
+    node.meta["val"] = target(*(a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in (anchor, *args)))
     return node
 
 
@@ -355,29 +355,23 @@ def _fix_patchify_conv3d(graph_module, node) -> bool:
         return False
     out_channels, in_channels = weight.meta["val"].shape[:2]
     grid = [s // k for s, k in zip(spatial, kernel)]
-    graph = graph_module.graph
-
-    def call(target, *args, **kwargs):
-        with graph.inserting_before(node):
-            new = graph.call_function(target, args, kwargs)
-        new.meta["val"] = target(*(a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args), **kwargs)
-        return new
-
-    aten = torch.ops.aten
+    graph, aten = graph_module.graph, torch.ops.aten
     # Fold one axis at a time (XNNPACK takes at most 6 dims): rows end up (batch, depth, height, width) patches,
     # columns (channel, depth, height, width) within one, as the weight's.
     patches = source
     for axis, rest in ((0, [spatial[1] * spatial[2]]), (1, [spatial[2]]), (2, [])):
         folded = in_channels * math.prod(kernel[:axis])
-        patches = call(aten.view.default, patches, [-1, folded, grid[axis], kernel[axis], *rest])
-        patches = call(aten.transpose.int, patches, 1, 2)
-        with graph.inserting_before(node):
+        first = node.prev if axis == 0 else None  # the chain starts right before the convolution, after every input
+        patches = _call_after(graph, patches, aten.view.default, [-1, folded, grid[axis], kernel[axis], *rest],
+                              after=first)
+        patches = _call_after(graph, patches, aten.transpose.int, 1, 2)
+        with graph.inserting_after(patches):
             patches = contiguous_copy(graph, patches)
-    patches = call(aten.view.default, patches, [-1, in_channels * math.prod(kernel)])
-    flat_weight = call(aten.view.default, weight, [out_channels, -1])
-    embedded = call(aten.linear.default, patches, flat_weight, bias)
-    embedded = call(aten.view.default, embedded, [-1, *grid, out_channels])
-    embedded = call(aten.permute.default, embedded, [0, 4, 1, 2, 3])
+    patches = _call_after(graph, patches, aten.view.default, [-1, in_channels * math.prod(kernel)])
+    flat_weight = _call_after(graph, weight, aten.view.default, [out_channels, -1], after=patches)
+    embedded = _call_after(graph, patches, aten.linear.default, flat_weight, bias, after=flat_weight)
+    embedded = _call_after(graph, embedded, aten.view.default, [-1, *grid, out_channels])
+    embedded = _call_after(graph, embedded, aten.permute.default, [0, 4, 1, 2, 3])
     node.replace_all_uses_with(embedded)
     graph.erase_node(node)
     return True
