@@ -477,13 +477,17 @@ def _fix_size_only_check(graph_module, node) -> bool:
         return False
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-    sizes, pending = [], [node.args[0]]
+    # walk the symbolic arithmetic of the condition back to the lengths it reads; any tensor value there is data
+    sizes, pending, seen = [], [node.args[0]], set()
     while pending:
         current = pending.pop()
-        if not isinstance(current, torch.fx.Node):
+        if not isinstance(current, torch.fx.Node) or current in seen:
             continue
+        seen.add(current)
         if current.target is torch.ops.aten.sym_size.int:
             sizes.append(current)
+        elif isinstance(current.meta.get("val"), torch.Tensor):
+            return False
         else:
             pending.extend(current.all_input_nodes)
     # only a data-dependent length, of a tensor nothing else reads

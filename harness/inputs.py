@@ -562,10 +562,10 @@ def _vision_precomputed(model, inputs: dict) -> None:
     its kwargs to both halves, and text layers would take `cu_seqlens` for packed sequences."""
     if not any(p.kind is p.VAR_KEYWORD for p in inspect.signature(model.forward).parameters.values()):
         return
-    tower_alone = not any(getattr(model.config, part, None) is not None for part in ("text_config", "vision_config"))
     helpers = _vision_helpers(model)
     if not helpers:
         return
+    tower_alone = not any(getattr(model.config, part, None) is not None for part in ("text_config", "vision_config"))
     calls: dict[Callable, list] = {helper: [] for helper in helpers}
     with _recording(helpers, calls), torch.no_grad():
         model(**inputs)

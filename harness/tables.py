@@ -77,8 +77,9 @@ TINY_OVERRIDES: dict[str, dict] = {
     # its patch_size is the crop each ViT sees, which must be the ViTs' image size, and fit a quarter of the image;
     # the hooks read hidden states of layers a two-layer ViT has
     "depth_pro": {"patch_size": 8, "intermediate_hook_ids": [1, 0], "intermediate_feature_dims": [16, 16],
-                  "scaled_images_feature_dims": [32, 32, 16], **{f"{vit}_model_config.{key}": value for vit in ("image", "patch", "fov")
-                                      for key, value in (("image_size", 8), ("patch_size", 4))}},
+                  "scaled_images_feature_dims": [32, 32, 16],
+                  **{f"{vit}_model_config.{key}": value
+                     for vit in ("image", "patch", "fov") for key, value in (("image_size", 8), ("patch_size", 4))}},
     # image_size / num_windows must be divisible by sqrt(num_windows)
     "lw_detr_vit": {"num_windows": 4},
     # no layer_types and no full_attn_idxs by default: the model cannot tell its layers apart
