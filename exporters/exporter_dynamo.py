@@ -400,6 +400,38 @@ def _patch_rotate_pairs(original):
     return apply_rotary_emb
 
 
+@register_patch("dynamo", "transformers.models.llama4.modeling_llama4.Llama4VisionRotaryEmbedding.forward")
+def _patch_llama4_vision_rotary_as_pairs(_original):
+    """Llama 4's vision tower keeps its 2-D rotary table as a complex buffer. The same table as real (cos, sin)
+    pairs: patch columns then rows, counted from 1, and no rotation for the class token appended last."""
+
+    def forward(self, hidden_states):
+        config = self.config
+        side = config.image_size // config.patch_size
+        half = config.hidden_size // config.num_attention_heads // 2
+        inv_freq = 1.0 / config.rope_parameters["rope_theta"] ** (torch.arange(0, half, 2)[: half // 2].float() / half)
+        patch = torch.arange(side * side, device=hidden_states.device)
+        grid = torch.stack((patch % side, patch // side), dim=-1) + 1
+        angles = (grid[..., None].float() * inv_freq.to(hidden_states.device)).flatten(-2)
+        angles = torch.cat([angles, angles.new_zeros(1, angles.shape[-1])])
+        return torch.stack((angles.cos(), angles.sin()), dim=-1)[:, None]
+
+    return forward
+
+
+@register_patch("dynamo", "transformers.models.llama4.modeling_llama4.vision_apply_rotary_emb")
+def _patch_llama4_vision_rotate_pairs(original):
+    """The rotation half of `_patch_llama4_vision_rotary_as_pairs`: (batch, patches, heads, dim) queries."""
+
+    def vision_apply_rotary_emb(query, key, freqs_ci):
+        if freqs_ci.is_complex():  # the table's half is not installed
+            return original(query, key, freqs_ci)
+        table = freqs_ci.reshape(1, query.shape[1], 1, -1, 2)
+        return _rotate_pairs(query, table), _rotate_pairs(key, table)
+
+    return vision_apply_rotary_emb
+
+
 # Vision towers that pack several images into one sequence (Qwen-VL style, `cu_seqlens` marks where each image
 # starts) attend image by image: `torch.split(q, lengths.tolist())`, sizes read from tensor values, which torch.export
 # cannot trace. Their flash-attention branch hands `cu_seqlens` to the attention function instead, so for the trace

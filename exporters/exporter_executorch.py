@@ -130,14 +130,14 @@ def prepare_for_xnnpack(model):
     """XNNPACK: float32 on the CPU, delegated subgraphs where XNNPACK has kernels, the portable ops elsewhere."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
-    model.to(device="cpu", dtype=torch.float32)
+    model.to(device="cpu").float()  # floating tensors only: `.to(dtype)` drops complex buffers' imaginary part
     return [XnnpackPartitioner()]
 
 
 @register_executorch_backend("portable")
 def prepare_for_portable(model):
     """Portable: ExecuTorch's reference kernels only, no delegate."""
-    model.to(device="cpu", dtype=torch.float32)
+    model.to(device="cpu").float()
     return []
 
 

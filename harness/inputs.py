@@ -30,6 +30,7 @@ MODALITY_INPUTS = {
     "input_features": "audio",
     "input_values": "audio",
     "flattened_patches": "image",
+    "high_res_pixel_values": "image",
     "past_values": "time-series",
     "inputs": "audio",
     "audio_mel": "audio",
@@ -92,6 +93,9 @@ def _image_shape(context: Context) -> tuple[int, int, int]:
     return channels, height, width
 
 
+_TILE_MASK = re.compile(r"pixel_attention_mask \(`torch\.\w+` of shape `\(batch_size, num_tiles\)`")
+
+
 def _pixel_values(context: Context) -> torch.Tensor:
     """Images in the layout the model reads: (batch, C, H, W) mostly; a list of images per sample (batch, 1, C, H,
     W) for models with an image mask; flattened patches (batch, patches, C*P*P) for patch-native encoders."""
@@ -105,13 +109,22 @@ def _pixel_values(context: Context) -> torch.Tensor:
         rows, columns = _target_sizes(context)[0].tolist()
         patch = getattr(context.sub("vision_config"), "patch_size", PATCH)
         return context.randn(1, _image_shape(context)[0], patch, context.batch * rows * columns * patch)
+    if layout == "image-tiles":
+        return _image_tiles(context)
+    if layout == "patch-clips":  # four patches a sample
+        vision = context.sub("vision_config")
+        patch = getattr(vision, "patch_size", PATCH)
+        frames = getattr(vision, "temporal_patch_size", 1)
+        return context.randn(context.batch * 4, frames, patch, patch, _image_shape(context)[0])
     if layout == "tiles":  # the base image plus one tile, with the image size the tiles were cut from
         context.inputs_so_far["image_sizes"] = _image_sizes(context)
         return context.randn(context.batch, 2, *_image_shape(context))
     if layout == "images" or {"pixel_attention_mask", "image_attention_mask"} & set(context.parameters):
         pixels = context.randn(context.batch, 1, *_image_shape(context))
-        if "pixel_attention_mask" in context.parameters:
-            context.inputs_so_far["pixel_attention_mask"] = torch.ones(context.batch, 1, *pixels.shape[-2:], dtype=torch.bool)
+        if "pixel_attention_mask" in context.parameters:  # real pixels, or real tiles (Granite Docling)
+            per_tile = _TILE_MASK.search(type(context.model).forward.__doc__ or "")
+            mask_shape = (context.batch, 1) if per_tile else (context.batch, 1, *pixels.shape[-2:])
+            context.inputs_so_far["pixel_attention_mask"] = torch.ones(mask_shape, dtype=torch.bool)
         return pixels
     frames = getattr(context.sub("vision_config"), "num_frames", None) or getattr(context.config, "num_frames", None)
     if layout == "pairs" or "KeypointMatching" in name:  # an image pair
@@ -125,6 +138,19 @@ def _pixel_values(context: Context) -> torch.Tensor:
     return context.randn(context.batch, *_image_shape(context))
 
 
+def _image_tiles(context: Context) -> torch.Tensor:
+    """Mllama: one image per sample in max_num_tiles tiles, of which the first is used (aspect ratio id 1, 1:1);
+    text tokens cross-attend to it."""
+    tiles = context.get("max_num_tiles", 4, "vision_config")
+    used = torch.zeros(context.batch, 1, tiles, dtype=torch.long)
+    used[..., 0] = 1
+    context.inputs_so_far["aspect_ratio_ids"] = torch.ones(context.batch, 1, dtype=torch.long)
+    context.inputs_so_far["aspect_ratio_mask"] = used
+    if "cross_attention_mask" in context.parameters:
+        context.inputs_so_far["cross_attention_mask"] = used[:, None].expand(-1, context.length, -1, -1).contiguous()
+    return context.randn(context.batch, 1, tiles, *_image_shape(context))
+
+
 def _patch_pixels(context: Context) -> torch.Tensor:
     vision = context.sub("vision_config")
     patch = getattr(vision, "patch_size", PATCH)
@@ -134,6 +160,26 @@ def _patch_pixels(context: Context) -> torch.Tensor:
         context.inputs_so_far["spatial_shapes"] = torch.tensor([[rows, columns]] * context.batch)
         context.inputs_so_far["pixel_attention_mask"] = torch.ones(context.batch, rows * columns, dtype=torch.long)
     return context.randn(context.batch, rows * columns, channels * patch * patch)
+
+
+def _flattened_patches(context: Context) -> torch.Tensor:
+    """Pix2Struct and Kosmos-2.5: each patch row starts with its 1-based grid row and column (0 marks padding)."""
+    vision = context.sub("vision_config")
+    width = getattr(vision, "patch_embed_hidden_size", None) or getattr(context.config, "patch_embed_hidden_size")
+    side = IMAGE // PATCH
+    rows, columns = torch.meshgrid(torch.arange(1, side + 1), torch.arange(1, side + 1), indexing="ij")
+    grid = torch.stack([rows.flatten(), columns.flatten()], -1).float().expand(context.batch, -1, -1)
+    return torch.cat([grid, context.randn(context.batch, side * side, width)], -1)
+
+
+def _image_embeds_position_mask(context: Context) -> torch.Tensor | None:
+    """Kosmos-2: which text positions the image's latent queries take, right after the first token."""
+    queries = getattr(context.config, "latent_query_num", None)
+    if not queries or queries + 1 > context.length:
+        return None
+    mask = torch.zeros(context.batch, context.length, dtype=torch.long)
+    mask[:, 1 : 1 + queries] = 1
+    return mask
 
 
 def _int_attr(config, name):
@@ -243,6 +289,8 @@ def _decoder_input_ids(context: Context) -> torch.Tensor | None:
     if any(getattr(config, "is_encoder_decoder", False) for config in configs if config is not None):
         return context.tokens()
     if context.parameters["decoder_input_ids"].default is inspect.Parameter.empty:
+        return context.tokens()
+    if getattr(context.config, "canvas_length", None):  # block diffusion: else a canvas drawn at random
         return context.tokens()
     return None
 
@@ -414,6 +462,9 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     "image_sizes": _image_sizes,
     "grid_thw": _grid_thw,
     "image_grid_thw": _grid_thw,
+    "image_grid_hw": lambda context: _grid_thw(context)[:, 1:],  # one frame: the grid's rows and columns
+    # DeepSeek-VL hybrid: the same image again for its high-resolution (SAM) tower
+    "high_res_pixel_values": lambda c: c.randn(c.batch, 3, *[c.get("image_size", IMAGE, "high_res_vision_config")] * 2),
     "image_merge_sizes": _merge_sizes,
     "merge_sizes": _merge_sizes,
     "target_sizes": _target_sizes,
@@ -445,6 +496,8 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     "token_type_ids": _token_type_ids,
     "decoder_input_ids": _decoder_input_ids,
     "pixel_values": _pixel_values,
+    "flattened_patches": _flattened_patches,
+    "image_embeds_position_mask": _image_embeds_position_mask,
     "input_features": _input_features,
     "input_values": _input_values,
     "codebook_idx": lambda context: 1,  # which codebook a fine acoustic model predicts: a constant
@@ -455,7 +508,8 @@ _RULES: dict[str, Callable[[Context], Any]] = {
 # Filled whenever the forward takes them, required or not: callers pass them, and they switch on code paths.
 _ALWAYS = ("attention_mask", "token_type_ids", "decoder_input_ids", "pixel_values", "bbox", "noise", "lang_ids",
            "visual_feats", "visual_pos", "image_attention_mask", "global_attention_mask", "target_sizes", "grid_thw",
-           "input_features", "decoder_input_values", "thinker_reply_part", "input_text_ids", *_TRAJECTORY, *_ENTITIES)
+           "input_features", "decoder_input_values", "thinker_reply_part", "input_text_ids", "flattened_patches",
+           "image_embeds_position_mask", "image_grid_hw", "high_res_pixel_values", *_TRAJECTORY, *_ENTITIES)
 
 
 def _parameters(model) -> dict[str, inspect.Parameter]:
@@ -486,7 +540,7 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
     for name in wanted:
         rule = _RULES.get(name)
         if rule is None:
-            if parameters[name].default is inspect.Parameter.empty:
+            if parameters[name].default is inspect.Parameter.empty and name not in inputs:  # set by another rule
                 raise InputError(f"no input rule for the required forward argument {name!r} of {type(model).__name__}")
             continue
         value = rule(context)

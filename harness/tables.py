@@ -46,14 +46,12 @@ SMOKE_SET = (
 # SAM 2's vision config, tiny: see its rows below.
 _HIERA_STAGES = {"backbone_config.hidden_size": 8, "backbone_config.embed_dim_per_stage": [8, 16, 32, 64],
                  "backbone_channel_list": [64, 32, 16, 8], "backbone_feature_sizes": [[8, 8], [4, 4], [2, 2]]}
-# the prompt encoder's grid (image / patch) is the 16x-downsampled feature map
-_SAM2 = {**{f"vision_config.{key}": value for key, value in _HIERA_STAGES.items()},
-         "prompt_encoder_config.patch_size": 16}
 
 _QWEN4_INDEXER = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8,
                   "indexer_compress_ratio": 4}
 
-# model type -> {config attribute (dotted into sub-configs): value}, applied after the generic shrink.
+# model type -> {config attribute (dotted into sub-configs): value}, applied after the generic shrink; a row
+# applies to its model type's config wherever it sits (a text config inside a multimodal one).
 TINY_OVERRIDES: dict[str, dict] = {
     # its default layout has no attention layer at all, which its own masks then ask for
     "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"]},
@@ -70,8 +68,7 @@ TINY_OVERRIDES: dict[str, dict] = {
                     "block_configs": [[[3, 32, 32, 1, True]], [[3, 32, 32, 1, False]], [[3, 32, 64, [2, 1], False]],
                                       [[3, 64, 64, [2, 1], False]]]},
     # the sparse-attention indexer is sized by checkpoints only (defaults None); one key head, as it requires
-    "qwen4_exp": {f"text_config.{key}": value for key, value in _QWEN4_INDEXER.items()},
-    "qwen4_exp_text": _QWEN4_INDEXER,  # its causal LM is built from the text config
+    "qwen4_exp_text": _QWEN4_INDEXER,
     # its cache sizes heads from widths rounded up to 64 while its layers do not: widths that need no rounding
     "xlstm": {"hidden_size": 128, "embedding_dim": 128},
     # its patch_size is the crop each ViT sees, which must be the ViTs' image size, and fit a quarter of the image;
@@ -80,6 +77,42 @@ TINY_OVERRIDES: dict[str, dict] = {
                   "scaled_images_feature_dims": [32, 32, 16],
                   **{f"{vit}_model_config.{key}": value
                      for vit in ("image", "patch", "fov") for key, value in (("image_size", 8), ("patch_size", 4))}},
+    # the vision MLP and the projector read the pixel-shuffled patches (hidden / ratio**2 wide), and the adapter
+    # maps projector_input_dim back to projector_output_dim, which must be equal
+    "llama4_vision_model": {"intermediate_size": 128, "projector_input_dim": 32},
+    # the adapter reads merge x merge vision patches folded into channels: out_hidden_size is 4x the vision width
+    "muse_glimmer": {"out_hidden_size": 128},
+    "muse_spark": {"out_hidden_size": 128},
+    # the mask head takes the hidden states and one attention map per head stacked, a multiple of 8 channels
+    "detr": {"encoder_attention_heads": 8},
+    # cross-attention keys are the pixels with hard-coded Fourier features (261 or 322 channels): one head divides;
+    # the latent array's names escape the generic shrink (256 latents x 1280 wide, 26 self-attention layers)
+    "perceiver": {"num_cross_attention_heads": 1, "num_latents": 16, "d_latents": 32, "num_self_attends_per_block": 2},
+    # text layers cross-attend to the image only at the listed indices (3, 8, …): one a two-layer model has; the
+    # projector reads the last and five intermediate vision layers concatenated, 6 x 32 wide
+    "mllama": {"text_config.cross_attention_layers": [1], "vision_config.vision_output_dim": 192},
+    # checkpoint-only settings (None by default) that the modules are built from:
+    # image tokens reach the text through a vocabulary map of "IMGIMG<code in letters>Z" names: a 16-entry codebook
+    # mapped onto ids of the tiny vocabulary
+    "chameleon": {"vq_config.num_embeddings": 16, "image_token_id": 100,
+                  "vocabulary_map": {"<image>": 100, **{"IMGIMG" + "".join(chr(ord("A") + int(digit))
+                                                                         for digit in str(code)) + "Z": 101 + code
+                                                        for code in range(16)}}},
+    "deepseek_ocr2": {"text_config.mlp_layer_types": ["dense", "sparse"]},  # one dense and one expert layer
+    "diffusion_gemma": {"text_config.num_experts": 4, "text_config.top_k_experts": 2},
+    # the matting head's upsampling and refinement channels
+    "sapiens2": {"head_config.upsample_out_channels": [16, 16], "head_config.upsample_kernel_sizes": [4, 4],
+                 "head_config.conv_out_channels": [16], "head_config.conv_kernel_sizes": [1]},
+    # its rotary covers half the head (partial_rotary_factor 0.5): the sections split that half's frequencies
+    "glm4v_moe_text": {"rope_parameters.mrope_section": [1, 1, 0]},
+    # the safety verdict reads the logits of "Yes" and "No" at their checkpoint ids: ids of the tiny vocabulary
+    "shieldgemma2": {"yes_token_index": 10, "no_token_index": 11},
+    # its detail branch downsamples the image to 1/8 and fuses it with the 1/16 ViT features upsampled once
+    "vitmatte": {"backbone_config.patch_size": 16},
+    # the audio adapter reads the audio encoder's states: its input width is the encoder's (checked by the config)
+    "dots3_note_audio_encoder": {"adapter_input_size": 32},
+    # the adapter reads vision layers 24 and 18: the two layers a tiny tower has
+    "molmo2": {"adapter_config.vision_feature_layer": [-1, -2]},
     # image_size / num_windows must be divisible by sqrt(num_windows)
     "lw_detr_vit": {"num_windows": 4},
     # no layer_types and no full_attn_idxs by default: the model cannot tell its layers apart
@@ -117,13 +150,9 @@ TINY_OVERRIDES: dict[str, dict] = {
     "zoedepth": {"bottleneck_features": 32, "initializer_range": 0.2},
     # the last layers read keys and values shared from earlier ones: with two layers, none may share
     "gemma3n_text": {"num_kv_shared_layers": 0},
-    "gemma3n": {"text_config.num_kv_shared_layers": 0},
     # one rotary setting per attention kind, which the empty default does not give
     "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0},
                                                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
-    "cohere_compass": {"text_config.rope_parameters": {
-        "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
-        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
     # any-resolution models tile an image on a grid of pinpoints: one tile the size of the tiny image
     "llava_next": {"image_grid_pinpoints": [[32, 32]]},
     "llava_next_video": {"image_grid_pinpoints": [[32, 32]]},
@@ -132,8 +161,9 @@ TINY_OVERRIDES: dict[str, dict] = {
     # and Hiera pools the skip connection only where the width changes: the stage widths must keep doubling,
     # and the neck reads them in reverse
     "sam2_vision_model": _HIERA_STAGES,
-    "sam2": _SAM2,
-    "sam2_video": _SAM2,
+    # the prompt encoder's grid (image / patch) is the 16x-downsampled feature map
+    "sam2": {"prompt_encoder_config.patch_size": 16},
+    "sam2_video": {"prompt_encoder_config.patch_size": 16},
     "sam2_hiera_det_model": {key.removeprefix("backbone_config."): value for key, value in _HIERA_STAGES.items()
                              if key.startswith("backbone_config.")},
     # image tokens reach the text model through a vocabulary map that ships with the checkpoint: 16 codebook
@@ -162,8 +192,6 @@ TINY_OVERRIDES: dict[str, dict] = {
     # (and at the default init scale the text-line signal fades to nothing before the head)
     "pp_ocrv5_mobile_rec": {"image_size": [96, 64], "initializer_range": 0.2},
     "pp_ocrv5_server_rec": {"image_size": [48, 64], "initializer_range": 0.2},
-    # its vision encoder's default init scale is 1e-10: a tiny random model would see no image at all
-    "slanext": {"vision_config.initializer_range": 0.02},
     # the flow head is conditioned on the backbone's hidden states: same width (checked by the config)
     "gradium_phonon_tts": {"flow_head_config.condition_dim": 32},
     # per-stage, per-block channel lists that must chain into each other and end at hidden_size: one block a stage;
@@ -195,12 +223,18 @@ PIXEL_LAYOUTS: dict[str, str] = {
     "llava_next": "tiles",
     "llava_next_video": "tiles",
     "llava_onevision": "tiles",
-    "efficientloftr": "pairs",  # its backbone too reads image pairs, batch x 2 x C x H x W
+    "efficientloftr": "pairs",
+    # one image cut in up to max_num_tiles tiles, batch x 1 x tiles x C x H x W; here a 1:1 image in one tile
+    "mllama": "image-tiles",
+    "mllama_vision_model": "image-tiles",  # its backbone too reads image pairs, batch x 2 x C x H x W
     # grid patches each as a small image, rows x C x P x P (with a leading batch of 1 for PaddleOCR's tower alone)
     "kimi_k25": "grid-images",
     "kimi_k25_vision": "grid-images",
     "paddleocr_vl": "grid-images",
     "paddleocr_vl_vision": "batched-grid-images",
+    # patches each as a short channels-last clip, patches x temporal_patch_size x P x P x C, one token each
+    "inkling_mm_model": "patch-clips",
+    "inkling_vision": "patch-clips",
     # grid images cut in merge x merge blocks of patches, each block channels-last: blocks x M*P x M*P x C
     "inkling2": "merged-blocks",
     "inkling2_vision": "merged-blocks",

@@ -105,7 +105,8 @@ _RULES: list[tuple[re.Pattern, Any]] = [
     # input channels (3 for an image) stay; per-block channel lists shrink with their output lists
     (r"^(num_channels|in_channels|input_channels|audio_channels|image_channels)$",
      lambda v: _cap(WIDTH)(v) if _int_list(v) else v),
-    (r"^mm_tokens_per_image$", _cap(4)),  # pooled from the 16 patches of a tiny image
+    # image tokens pooled from the 16 patches of a tiny image (and placed in the text: they must fit its length)
+    (r"^(mm_tokens_per_image|latent_query_num)$", _cap(4)),
     (r"^(first_k_dense_replace|num_dense_layers|insert_layer_id|max_window_layers)$", _cap(1)),
     (r"^(num_hidden_layers|num_layers|n_layers?|encoder_layers|decoder_layers|num_encoder_layers"
      r"|num_decoder_layers|depth|num_blocks|\w+_layers|\w+_depth|num_hidden_blocks)$", _cap(LAYERS)),
@@ -121,6 +122,8 @@ _RULES: list[tuple[re.Pattern, Any]] = [
     (r"^(num_experts_per_tok|moe_topk|top_k|num_selected_experts|moe_k|router_topk|num_experts_per_token)$",
      _cap(EXPERTS_PER_TOKEN)),
     (r"^(n_shared_experts|num_shared_experts|moe_num_shared_experts)$", _cap(1)),
+    # a default init scale of 1e-10 (SAM-style encoders) leaves a random tower blind: every image looks the same
+    (r"^initializer_range$", lambda v: 0.02 if isinstance(v, float) and v < 1e-4 else v),
     (r"^(num_queries|num_denoising)$", _cap(8)),  # detectors pick their queries by top-k over a few feature cells
     (r"^(n_group|topk_group)$", _cap(1)),
     (r"^num_groups$", _cap(4)),  # group norms: must divide channels as small as 8
@@ -413,15 +416,17 @@ def _reads_rope_sections(config_class) -> bool:
 
 
 def _fit_rope_sections(config_class, values: dict, head_dim: int) -> None:
-    """Multimodal rotary sections (``mrope_section``) must sum to half the head dimension."""
+    """Multimodal rotary sections (``mrope_section``) must sum to half the head dimension (or of its rotary part,
+    which a row may choose: GLM-4V-MoE's)."""
     rope = values.get("rope_parameters")
     if not isinstance(rope, dict):
         return
+    rotary_half = int(head_dim * (rope.get("partial_rotary_factor") or 1)) // 2
     if _reads_rope_sections(config_class) and rope.get("rope_type") == "default" and "mrope_section" not in rope:
         rope = values["rope_parameters"] = {**rope, "mrope_section": list(_DEFAULT_MROPE_SECTION)}
     for key in ("mrope_section", "mrope_sections"):
         sections = rope.get(key)
-        if _int_list(sections) and sum(sections) != head_dim // 2:
+        if _int_list(sections) and sum(sections) not in (head_dim // 2, rotary_half):
             half, total = head_dim // 2, sum(sections)
             scaled = [max(1, s * half // total) for s in sections]
             scaled[-1] += half - sum(scaled)
@@ -429,8 +434,9 @@ def _fit_rope_sections(config_class, values: dict, head_dim: int) -> None:
 
 
 def tiny_from(config):
-    """A tiny config of the same class as ``config``, shrunk from its current values."""
-    return type(config)(**shrink(config))
+    """A tiny config of the same class as ``config``, shrunk from its current values, with its model type's row
+    (a sub-config checks itself when built: its row must apply then, not only through its parent's)."""
+    return type(config)(**shrink(config, TINY_OVERRIDES.get(getattr(config, "model_type", ""))))
 
 
 def _apply_overrides(values: dict, overrides: dict) -> None:

@@ -59,6 +59,24 @@ KINDS = {
     "Qwen4ExpForCausalLM": "text",  # its text config's own row: the indexer sizes checkpoints carry
     "ZambaForCausalLM": "text",  # two shared blocks, attending over twice the width
     "xLSTMForCausalLM": "text",  # widths its cache need not round up
+    "Llama4VisionModel": "image",  # its MLP and adapter read pixel-shuffled patches, 4x the width
+    "MuseGlimmerForConditionalGeneration": "text+image",  # merged patches folded into channels
+    "DetrForSegmentation": "image",  # the mask head stacks hidden states and one map per head: a multiple of 8
+    "PerceiverForImageClassificationFourier": "image",  # hard-coded Fourier features; a latent array named its own way
+    "Kosmos2ForConditionalGeneration": "text+image",  # the text positions its latent image queries take
+    "Pix2StructForConditionalGeneration": "text+image",  # flattened patches led by their grid row and column
+    "MllamaForConditionalGeneration": "text+image",  # a tiled image, cross-attended from a layer the tiny model has
+    "NemotronH_Omni_Reasoning_V3": "text+image",  # patch grids as (rows, columns)
+    "DeepseekVLHybridForConditionalGeneration": "text+image",  # the image again for its high-resolution tower
+    "ChameleonForConditionalGeneration": "text+image",  # image codes reach the text through a vocabulary map
+    "DeepseekOcr2ForConditionalGeneration": "text+image",  # a SAM encoder whose default init scale is 1e-10
+    "DiffusionGemmaForBlockDiffusion": "text",  # a canvas fed, not drawn at random
+    "Sapiens2ForImageMatting": "image",  # head channels only checkpoints carry
+    "Glm4vMoeForConditionalGeneration": "text+image",  # rotary sections of a half-rotary head
+    "ShieldGemma2ForImageClassification": "text+image",  # its verdict token ids inside the tiny vocabulary
+    "VitMatteForImageMatting": "image",  # its ViT's 16-pixel patches, as its detail branch expects
+    "GraniteDoclingForConditionalGeneration": "text+image",  # a mask of real tiles, not of pixels
+    "InklingForConditionalGeneration": "text+image",  # patches as short channels-last clips
 }
 
 
@@ -75,6 +93,14 @@ def test_a_config_whose_defaults_fail_their_own_validation_is_seeded_by_its_over
     config = tiny_config(select("Gemma4AssistantForCausalLM")[0])  # its default text config is a full Gemma 4's
     assert config.text_config.hidden_size_per_layer_input == 0
     assert config.text_config.num_kv_shared_layers == config.text_config.num_hidden_layers <= 4
+
+
+def test_a_sub_configs_row_applies_where_the_sub_config_is_built():
+    """A sub-config validates itself when it is built, before its parent's rows could reach it."""
+    dots = tiny_config(select("Dots3NoteForConditionalGeneration")[0])  # checks its adapter width against its own
+    assert dots.audio_config.adapter_input_size == dots.audio_config.hidden_size
+    llama4 = tiny_config(select("Llama4ForConditionalGeneration")[0])  # only the vision model type has a row
+    assert llama4.vision_config.intermediate_size == 4 * llama4.vision_config.hidden_size
 
 
 def test_a_vision_language_model_gets_one_placeholder_per_image_feature():
