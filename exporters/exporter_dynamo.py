@@ -400,6 +400,19 @@ def _patch_rotate_pairs(original):
     return apply_rotary_emb
 
 
+@register_patch("dynamo", "transformers.models.llava.modeling_llava.LlavaMultiModalProjector.forward")
+def _patch_llava_features_as_one_image(original):
+    """LLaVA splits its projected image features into a list, one tensor per image, which the model concatenates
+    right back: iterating the image axis fixes the image count. The projector hands its rows on as one image, which
+    the list and the concatenation leave as they are: the same rows in the same order."""
+
+    def forward(self, image_features):
+        projected = original(self, image_features)
+        return projected.flatten(0, -2)[None]
+
+    return forward
+
+
 @register_patch("dynamo", "transformers.models.llama4.modeling_llama4.Llama4VisionRotaryEmbedding.forward")
 def _patch_llama4_vision_rotary_as_pairs(_original):
     """Llama 4's vision tower keeps its 2-D rotary table as a complex buffer. The same table as real (cos, sin)

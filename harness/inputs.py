@@ -93,9 +93,6 @@ def _image_shape(context: Context) -> tuple[int, int, int]:
     return channels, height, width
 
 
-_TILE_MASK = re.compile(r"pixel_attention_mask \(`torch\.\w+` of shape `\(batch_size, num_tiles\)`")
-
-
 def _pixel_values(context: Context) -> torch.Tensor:
     """Images in the layout the model reads: (batch, C, H, W) mostly; a list of images per sample (batch, 1, C, H,
     W) for models with an image mask; flattened patches (batch, patches, C*P*P) for patch-native encoders."""
@@ -119,11 +116,12 @@ def _pixel_values(context: Context) -> torch.Tensor:
     if layout == "tiles":  # the base image plus one tile, with the image size the tiles were cut from
         context.inputs_so_far["image_sizes"] = _image_sizes(context)
         return context.randn(context.batch, 2, *_image_shape(context))
-    if layout == "images" or {"pixel_attention_mask", "image_attention_mask"} & set(context.parameters):
+    masks = {"pixel_attention_mask", "image_attention_mask"} & set(context.parameters)
+    if layout in ("images", "flagged-images") or masks:
         pixels = context.randn(context.batch, 1, *_image_shape(context))
-        if "pixel_attention_mask" in context.parameters:  # real pixels, or real tiles (Granite Docling)
-            per_tile = _TILE_MASK.search(type(context.model).forward.__doc__ or "")
-            mask_shape = (context.batch, 1) if per_tile else (context.batch, 1, *pixels.shape[-2:])
+        if "pixel_attention_mask" in context.parameters:  # which pixels are real, or which images
+            per_image = layout == "flagged-images"
+            mask_shape = (context.batch, 1) if per_image else (context.batch, 1, *pixels.shape[-2:])
             context.inputs_so_far["pixel_attention_mask"] = torch.ones(mask_shape, dtype=torch.bool)
         return pixels
     frames = getattr(context.sub("vision_config"), "num_frames", None) or getattr(context.config, "num_frames", None)

@@ -216,7 +216,7 @@ AUDIO_FRAMES_PER_TOKEN: dict[str, int] = {
 }
 
 # model type -> how it takes pixels, where its forward signature does not say: "patches" (flattened patches,
-# batch x patches x C*P*P) or "images" (a list of images per sample, batch x 1 x C x H x W).
+# batch x patches x C*P*P) or "images" (a list of images per sample, batch x 1 x C x H x W, with a pixel mask).
 PIXEL_LAYOUTS: dict[str, str] = {
     "fuyu": "patches",  # a linear layer over raw patches instead of a vision tower
     # any-resolution: the base image and its tiles, batch x (1 + tiles) x C x H x W
@@ -224,6 +224,8 @@ PIXEL_LAYOUTS: dict[str, str] = {
     "llava_next_video": "tiles",
     "llava_onevision": "tiles",
     "efficientloftr": "pairs",
+    # a list of images per sample whose pixel_attention_mask flags the real images (tiles), batch x 1
+    "granite_docling": "flagged-images",
     # one image cut in up to max_num_tiles tiles, batch x 1 x tiles x C x H x W; here a 1:1 image in one tile
     "mllama": "image-tiles",
     "mllama_vision_model": "image-tiles",  # its backbone too reads image pairs, batch x 2 x C x H x W

@@ -262,15 +262,22 @@ def test_a_model_class_exports_with_its_workaround_and_fails_without(name, backe
         _export(context, backend)
 
 
-def test_an_xvector_head_keeps_its_batch_axis_dynamic():
-    context = _built_by_the_sweep("Wav2Vec2ForXVector")
+DYNAMIC_CASES = [  # (model class, workaround, the input whose batch axis it keeps dynamic)
+    ("Wav2Vec2ForXVector", "_patch_xvector_masked_statistics", "attention_mask"),  # pooled sample by sample
+    ("LlavaForConditionalGeneration", "_patch_llava_features_as_one_image", "pixel_values"),  # a list per image
+]
+
+
+@pytest.mark.parametrize("name, workaround, input_name", DYNAMIC_CASES, ids=[case[1] for case in DYNAMIC_CASES])
+def test_a_model_keeps_its_batch_axis_dynamic_with_its_workaround(name, workaround, input_name):
+    context = _built_by_the_sweep(name)
     second = context.inputs["B"]
-    assert second["attention_mask"].shape[0] != context.inputs["A"]["attention_mask"].shape[0]
+    assert second[input_name].shape[0] != context.inputs["A"][input_name].shape[0]
     exported = _export(context, "dynamo", dynamic=True)
     assert_parity(exported(**second), context.expected["B"], TOLERANCE["dynamo"])
-    with disabled_workarounds("_patch_xvector_masked_statistics"):
+    with disabled_workarounds(workaround):
         batch_fixed = _export(context, "dynamo", dynamic=True)
-    with pytest.raises(Exception, match="attention_mask"):
+    with pytest.raises(Exception, match=input_name):
         batch_fixed(**second)
 
 
