@@ -172,6 +172,28 @@ def _patch_bucketize_as_comparison(original):
     return bucketize
 
 
+@register_patch("executorch", "torch.repeat_interleave", "torch.Tensor.repeat_interleave")
+def _patch_repeat_interleave_as_gather(original):
+    """`repeat_interleave` with a tensor of counts (vision towers' per-image boundaries and indices, computed from
+    the image grid) is not in the Core ATen opset. Output position p takes the element whose running count first
+    exceeds p: a comparison, a sum and a gather."""
+
+    def repeat_interleave(input, repeats=None, dim=None, *, output_size=None):
+        if repeats is None and isinstance(input, torch.Tensor) and input.dim() == 1:  # the counts alone
+            input, repeats = torch.arange(input.shape[0], device=input.device), input
+        if not isinstance(repeats, torch.Tensor) or repeats.dim() != 1 or repeats.shape[0] == 1:
+            return original(input, repeats, dim, output_size=output_size)
+        if dim is None:
+            input, dim = input.flatten(), 0
+        ends = repeats.cumsum(0)
+        total = output_size if output_size is not None else ends[-1].item()
+        torch._check(total >= 0)
+        positions = torch.arange(total, device=repeats.device)
+        return input.index_select(dim, (positions[:, None] >= ends[None, :]).sum(dim=-1))
+
+    return repeat_interleave
+
+
 @register_patch("executorch", "torch.nn.functional.embedding_bag")
 def _patch_embedding_bag_as_gather(original):
     """The portable runtime has no `_embedding_bag` kernel (Kimi-K2.5's position embedding gathers interpolation

@@ -387,6 +387,8 @@ MODULE_CASES = [  # (backend, module, inputs, workaround, error without it)
      "_fix_max_for_xnnpack", "amax.default only supports"),
     ("onnx", _PatchIndexPerImage, {"patches": torch.randn(5, 3), "patches_per_image": torch.tensor([2, 3])},
      "_aten_sym_numel", "No ONNX function found for .*sym_numel"),
+    ("executorch", _PatchIndexPerImage, {"patches": torch.randn(5, 3), "patches_per_image": torch.tensor([2, 3])},
+     "_patch_repeat_interleave_as_gather", "repeat_interleave.Tensor is not in Core ATen"),
 ]  # fmt: skip
 
 
