@@ -382,6 +382,15 @@ def _global_attention_mask(context: Context) -> torch.Tensor | None:
     return mask
 
 
+def _chunk_sample_lengths(context: Context) -> torch.Tensor | None:
+    """dots.3 note: the waveform samples behind each chunk of mel frames (hop_length per frame), all of them real."""
+    features = context.inputs_so_far.get("input_features")
+    if features is None:
+        return None
+    hop = context.get("hop_length", 160, "audio_config")
+    return torch.full((features.shape[0],), features.shape[-1] * hop, dtype=torch.long)
+
+
 def _spectrogram(context: Context) -> torch.Tensor:
     """Vocoders (HiFi-GAN) turn (batch, frames, mel bins) into audio."""
     return context.randn(context.batch, 4 * context.length, context.get("model_in_dim", 80))
@@ -479,6 +488,7 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     "pixel_values_videos": _video,
     "speaker_embeddings": lambda context: context.randn(context.batch, context.get("speaker_embedding_dim", 512)),
     "input_features_mask": lambda context: _feature_mask(context),
+    "chunk_sample_lengths": _chunk_sample_lengths,
     "feature_attention_mask": lambda context: _feature_mask(context),
     "decoder_input_values": lambda context: context.randn(context.batch, 4, context.get("num_mel_bins", 80)),
     "global_attention_mask": _global_attention_mask,

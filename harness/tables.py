@@ -109,6 +109,10 @@ TINY_OVERRIDES: dict[str, dict] = {
     "shieldgemma2": {"yes_token_index": 10, "no_token_index": 11},
     # its detail branch downsamples the image to 1/8 and fuses it with the 1/16 ViT features upsampled once
     "vitmatte": {"backbone_config.patch_size": 16},
+    # its sliding-attention layers take their sizes from full-size defaults of its own (swa_*) unless given per layer
+    "dots3_note_text": {"per_layer_config": {1: {
+        "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 16, "kv_lora_rank": 16, "head_dim": 16,
+        "qk_nope_head_dim": 8, "v_head_dim": 8, "qk_rope_head_dim": 8}}},
     # the audio adapter reads the audio encoder's states: its input width is the encoder's (checked by the config)
     "dots3_note_audio_encoder": {"adapter_input_size": 32},
     # the adapter reads vision layers 24 and 18: the two layers a tiny tower has

@@ -77,6 +77,7 @@ KINDS = {
     "VitMatteForImageMatting": "image",  # its ViT's 16-pixel patches, as its detail branch expects
     "GraniteDoclingForConditionalGeneration": "text+image",  # a mask of real tiles, not of pixels
     "InklingForConditionalGeneration": "text+image",  # patches as short channels-last clips
+    "Dots3NoteForConditionalGeneration": "text+audio+image",  # audio chunk lengths; sliding layers sized per layer
 }
 
 
