@@ -15,6 +15,7 @@ ExecuTorch is imported on first use: it costs seconds, and the other backends do
 from __future__ import annotations
 
 import math
+import types
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from .utils import (
     EXECUTORCH_BACKENDS,
     ExecutorchExportError,
     StageLog,
+    applied_reporter,
     apply_fx_node_fixes,
     apply_fx_program_fixes,
     apply_patches,
@@ -268,6 +270,60 @@ def _patch_edge_validator_list_return(original):
             self.node.meta["val"] = value
 
     return call_function
+
+
+@register_patch("executorch", "executorch.exir.program._program.EXIREdgeDialectVerifier", reports=True)
+def _patch_edge_verifier_python_symbolic_ops(original):
+    """`to_edge` traces the program again, and the runtime asserts a trace keeps in its shape environment (a tensor
+    condition's `sym_ite`, a size's `sym_not`) come back as Python functions, which the edge verifier refuses
+    although `to_executorch` swaps each for its ExecuTorch op (as `_fix_python_symbolic_op` does before `to_edge`).
+    The verifier lets those through."""
+    from executorch.exir.passes.executorch_prim_ops_registry import _PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS
+
+    swapped_later = {op for op in _PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS if isinstance(op, types.FunctionType)}
+
+    def EXIREdgeDialectVerifier(*args, **kwargs):
+        verifier = original(*args, **kwargs)
+        verifier_class = verifier if isinstance(verifier, type) else type(verifier)
+        check, report = verifier_class.check_valid_edge_op, applied_reporter()
+
+        def check_valid_edge_op(self, op):
+            if op in swapped_later:
+                report()
+                return None
+            return check(self, op)
+
+        verifier_class.check_valid_edge_op = check_valid_edge_op
+        if not isinstance(verifier, type):
+            verifier.check_valid_op = verifier.check_valid_edge_op
+        return verifier
+
+    return EXIREdgeDialectVerifier
+
+
+@register_patch(
+    "executorch",
+    "executorch.exir.tensor.dim_order_from_stride",
+    "executorch.exir.passes.replace_view_copy_with_view_pass.dim_order_from_stride",
+    "executorch.exir.emit._emitter.dim_order_from_stride",
+    reports=True,
+)
+def _patch_dim_order_of_contiguous_strides(original):
+    """ExecuTorch orders a tensor's axes by sorting its strides. Strides holding a data-dependent size (the number
+    of image tokens, counted from the input ids) often cannot be compared. When each stride is a multiple of the
+    next, the axes are in contiguous order whatever the sizes turn out to be."""
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, guard_or_false
+
+    def dim_order_from_stride(stride):
+        try:
+            return original(stride)
+        except GuardOnDataDependentSymNode:
+            if not all(guard_or_false(outer % inner == 0) for outer, inner in zip(stride, stride[1:])):
+                raise
+            report_applied()
+            return tuple(range(len(stride)))
+
+    return dim_order_from_stride
 
 
 # ── Stage 4: FX program fixes ────────────────────────────────────────────────

@@ -242,6 +242,12 @@ def report_applied() -> None:
         current[1].add(current[0])
 
 
+def applied_reporter() -> Callable[[], None]:
+    """`report_applied` for a replacement's later work (the class it returns): bound to the patch calling this."""
+    current = _REPORTING.get()
+    return (lambda: current[1].add(current[0])) if current is not None else (lambda: None)
+
+
 def _counting(replacement: Any, patch: Patch, fired: set[str]) -> Any:
     if not inspect.isfunction(replacement):
         fired.add(patch.name)

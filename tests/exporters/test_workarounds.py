@@ -248,6 +248,8 @@ CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaroun
     ("DbrxForCausalLM", "dynamo", "_patch_dbrx_experts_dense", "data-dependent"),
     ("Wav2Vec2ForXVector", "executorch", "_patch_xvector_masked_statistics", "data-dependent"),  # slice to length
     ("Llama4VisionModel", "executorch", "_patch_llama4_vision_rotary_as_pairs", "complex"),
+    # its image-token check comes back as `sym_ite` when to_edge traces again
+    ("Idefics3ForConditionalGeneration", "executorch", "_patch_edge_verifier_python_symbolic_ops", "to-edge"),
 ]
 
 
@@ -327,6 +329,13 @@ class _PatchIndexPerImage(torch.nn.Module):
         return patches + index[:, None]
 
 
+class _PickedColumns(torch.nn.Module):
+    """Columns picked by a mask from the input (image-token positions): a data-dependent size in a middle axis."""
+
+    def forward(self, x, keep):
+        return x[:, keep] * 2
+
+
 class _Tubelets(torch.nn.Module):
     """VideoMAE's and Qwen-VL's patch embedding: a 3-D convolution whose stride is its kernel."""
 
@@ -389,6 +398,8 @@ MODULE_CASES = [  # (backend, module, inputs, workaround, error without it)
      "_aten_sym_numel", "No ONNX function found for .*sym_numel"),
     ("executorch", _PatchIndexPerImage, {"patches": torch.randn(5, 3), "patches_per_image": torch.tensor([2, 3])},
      "_patch_repeat_interleave_as_gather", "repeat_interleave.Tensor is not in Core ATen"),
+    ("executorch", _PickedColumns, {"x": torch.randn(2, 5, 8), "keep": torch.tensor([True, False, True, True, False])},
+     "_patch_dim_order_of_contiguous_strides", r"data-dependent expression 8\*u\d+ < 8"),
 ]  # fmt: skip
 
 
