@@ -274,9 +274,9 @@ def _patch_edge_validator_list_return(original):
 
 @register_patch("executorch", "executorch.exir.program._program.EXIREdgeDialectVerifier", reports=True)
 def _patch_edge_verifier_python_symbolic_ops(original):
-    """`to_edge` traces the program again, and the runtime asserts a trace keeps in its shape environment (a tensor
-    condition's `sym_ite`, a size's `sym_not`) come back as Python functions, which the edge verifier refuses
-    although `to_executorch` swaps each for its ExecuTorch op (as `_fix_python_symbolic_op` does before `to_edge`).
+    """Size arithmetic traced as a Python function (NLLB-MoE's dynamic expert capacity, `torch.sym_float`; a tensor
+    condition's `sym_ite`, a size's `sym_not` in the runtime asserts `to_edge` brings back when it traces again):
+    the edge verifier refuses Python functions, although `to_executorch` swaps each for its `executorch_prim` op.
     The verifier lets those through."""
     from executorch.exir.passes.executorch_prim_ops_registry import _PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS
 
@@ -508,24 +508,6 @@ def _fix_empty_of_symbolic_size(graph_module, node) -> bool:
 
 
 @register_fx_node_fix("executorch")
-def _fix_python_symbolic_op(graph_module, node) -> bool:
-    """Size arithmetic traced as a Python function (`torch.sym_float`): the edge verifier refuses Python functions.
-
-    ExecuTorch swaps these for `executorch_prim` ops itself, but only in `to_executorch`, after the verifier ran;
-    the swap is done here first (NLLB-MoE's dynamic expert capacity). Builtins (`operator.mul`, `math.ceil`) pass
-    the verifier and are left to ExecuTorch: `operator.mul` also multiplies tensors, which the prim op cannot.
-    """
-    import types
-
-    from executorch.exir.passes.executorch_prim_ops_registry import _PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS
-
-    if not isinstance(node.target, types.FunctionType) or node.target not in _PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS:
-        return False
-    node.target = _PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS[node.target]
-    return True
-
-
-@register_fx_node_fix("executorch")
 def _fix_tensor_condition_assert(graph_module, node) -> bool:
     """A check on a tensor condition (`torch._check_tensor_all`: vision-language models compare their image-token
     count with their feature count) traces as `item(_is_all_true(c))` turned into an integer by `sym_ite` and
@@ -536,8 +518,7 @@ def _fix_tensor_condition_assert(graph_module, node) -> bool:
 
     if node.op != "call_function" or node.target is not torch.ops.aten._assert_scalar.default:
         return False
-    # `_fix_python_symbolic_op` may have swapped the `sym_ite` for ExecuTorch's already
-    sym_ite = (torch.sym_ite, _PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS[torch.sym_ite])
+    sym_ite = (torch.sym_ite, _PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS[torch.sym_ite])  # Python's, or ExecuTorch's
     conversions = [arg for arg in getattr(node.args[0], "args", ()) if getattr(arg, "target", None) in sym_ite]
     if not any(_is_tensor_truth(conversion.args[0]) for conversion in conversions):
         return False

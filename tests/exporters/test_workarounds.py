@@ -75,9 +75,9 @@ def test_executorch_dynamic_axes_get_an_upper_bound(tiny):
 def test_executorch_python_symbolic_ops_reach_the_edge_dialect(tiny):
     model = tiny("NllbMoeForConditionalGeneration")
     exported = _export(model, "executorch", dynamic=True)
-    assert "_fix_python_symbolic_op" in exported.applied
+    assert "_patch_edge_verifier_python_symbolic_ops" in exported.applied
     assert_parity(exported(**model.inputs["A"]), model.expected["A"], TOLERANCE["executorch"])
-    with disabled_workarounds("_fix_python_symbolic_op"):
+    with disabled_workarounds("_patch_edge_verifier_python_symbolic_ops"):
         with pytest.raises(exporters.ExecutorchExportError) as failure:
             _export(model, "executorch", dynamic=True)
     assert failure.value.stage == "to-edge"
@@ -248,8 +248,6 @@ CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaroun
     ("DbrxForCausalLM", "dynamo", "_patch_dbrx_experts_dense", "data-dependent"),
     ("Wav2Vec2ForXVector", "executorch", "_patch_xvector_masked_statistics", "data-dependent"),  # slice to length
     ("Llama4VisionModel", "executorch", "_patch_llama4_vision_rotary_as_pairs", "complex"),
-    # its image-token check comes back as `sym_ite` when to_edge traces again
-    ("Idefics3ForConditionalGeneration", "executorch", "_patch_edge_verifier_python_symbolic_ops", "to-edge"),
 ]
 
 
