@@ -514,12 +514,9 @@ def _fix_tensor_condition_assert(graph_module, node) -> bool:
     asserted equal to 1. ExecuTorch evaluates `sym_ite` in Python while lowering, where the value is unknown, and
     fails on the guard. The assert is dropped from the program: it only rejects malformed inputs, and ExecuTorch
     has no runtime assert to carry it."""
-    from executorch.exir.passes.executorch_prim_ops_registry import _PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS
-
     if node.op != "call_function" or node.target is not torch.ops.aten._assert_scalar.default:
         return False
-    sym_ite = (torch.sym_ite, _PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS[torch.sym_ite])  # Python's, or ExecuTorch's
-    conversions = [arg for arg in getattr(node.args[0], "args", ()) if getattr(arg, "target", None) in sym_ite]
+    conversions = [arg for arg in getattr(node.args[0], "args", ()) if getattr(arg, "target", None) is torch.sym_ite]
     if not any(_is_tensor_truth(conversion.args[0]) for conversion in conversions):
         return False
     graph_module.graph.erase_node(node)
