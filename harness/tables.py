@@ -47,6 +47,8 @@ SMOKE_SET = (
 _HIERA_STAGES = {"backbone_config.hidden_size": 8, "backbone_config.embed_dim_per_stage": [8, 16, 32, 64],
                  "backbone_channel_list": [64, 32, 16, 8], "backbone_feature_sizes": [[8, 8], [4, 4], [2, 2]]}
 
+_DIGITS_AS_LETTERS = str.maketrans("0123456789", "ABCDEFGHIJ")  # Chameleon's image-token names spell codes so
+
 _QWEN4_INDEXER = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8,
                   "indexer_compress_ratio": 4}
 
@@ -95,8 +97,7 @@ TINY_OVERRIDES: dict[str, dict] = {
     # image tokens reach the text through a vocabulary map of "IMGIMG<code in letters>Z" names: a 16-entry codebook
     # mapped onto ids of the tiny vocabulary
     "chameleon": {"vq_config.num_embeddings": 16, "image_token_id": 100,
-                  "vocabulary_map": {"<image>": 100, **{"IMGIMG" + "".join(chr(ord("A") + int(digit))
-                                                                         for digit in str(code)) + "Z": 101 + code
+                  "vocabulary_map": {"<image>": 100, **{f"IMGIMG{str(code).translate(_DIGITS_AS_LETTERS)}Z": 101 + code
                                                         for code in range(16)}}},
     "deepseek_ocr2": {"text_config.mlp_layer_types": ["dense", "sparse"]},  # one dense and one expert layer
     "diffusion_gemma": {"text_config.num_experts": 4, "text_config.top_k_experts": 2},
@@ -227,12 +228,12 @@ PIXEL_LAYOUTS: dict[str, str] = {
     "llava_next": "tiles",
     "llava_next_video": "tiles",
     "llava_onevision": "tiles",
-    "efficientloftr": "pairs",
+    "efficientloftr": "pairs",  # its backbone too reads image pairs, batch x 2 x C x H x W
     # a list of images per sample whose pixel_attention_mask flags the real images (tiles), batch x 1
     "granite_docling": "flagged-images",
     # one image cut in up to max_num_tiles tiles, batch x 1 x tiles x C x H x W; here a 1:1 image in one tile
     "mllama": "image-tiles",
-    "mllama_vision_model": "image-tiles",  # its backbone too reads image pairs, batch x 2 x C x H x W
+    "mllama_vision_model": "image-tiles",
     # grid patches each as a small image, rows x C x P x P (with a leading batch of 1 for PaddleOCR's tower alone)
     "kimi_k25": "grid-images",
     "kimi_k25_vision": "grid-images",
