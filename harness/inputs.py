@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from .tables import AUDIO_FRAMES_PER_TOKEN, FEATURE_EXTRACTOR_OVERRIDES, MAIN_INPUTS, PIXEL_LAYOUTS
+from .tables import AUDIO_FRAME_MULTIPLES, AUDIO_FRAMES_PER_TOKEN, FEATURE_EXTRACTOR_OVERRIDES, MAIN_INPUTS, PIXEL_LAYOUTS
 from .tiny import IMAGE, PATCH, SPECIAL_FLOOR, special_token_ids, text_vocab
 
 # The two input sets: "A" is exported with, "B" (another batch and length) runs dynamic exports.
@@ -53,6 +53,7 @@ class Context:
     special: set[int] = field(default_factory=set)
     inputs_so_far: dict[str, Any] = field(default_factory=dict)
     label_hint: str = ""  # "video" for video classes; "image" for images fed as hidden_states
+    frame_axis: int = -1  # the axis of the audio features that counts frames (the other counts mel bins)
 
     def sub(self, *names):
         """The first sub-config of ``names`` the config has, else the config itself."""
@@ -102,6 +103,8 @@ def _pixel_values(context: Context) -> torch.Tensor:
     layout = PIXEL_LAYOUTS.get(context.config.model_type)
     if layout == "patches" or "spatial_shapes" in context.parameters:
         return _patch_pixels(context)
+    if layout == "flat-patches":
+        return _patch_pixels(context).flatten(0, 1)
     if layout == "packed":
         rows, columns = _target_sizes(context)[0].tolist()
         patch = getattr(context.sub("vision_config"), "patch_size", PATCH)
@@ -192,10 +195,19 @@ def _input_features(context: Context) -> torch.Tensor:
     if _configured_away(context.config, "audio_config"):
         return None
     config = context.sub("audio_config", "encoder_config", "encoder")
+    config = getattr(config, "asr_config", None) or config  # Nemotron 3.5 Transcribe: the speech encoder's config
     bins = getattr(config, "num_mel_bins", None) or getattr(config, "feature_size", None)
     per_token = AUDIO_FRAMES_PER_TOKEN.get(context.config.model_type)
     if per_token:
         return context.randn(context.batch, bins or 80, per_token * context.length)
+    features = _audio_features(context, config, bins)
+    if features is not None and features.dim() == 3:
+        multiple = AUDIO_FRAME_MULTIPLES.get(context.config.model_type, 1)
+        features = features.narrow(context.frame_axis, 0, features.shape[context.frame_axis] // multiple * multiple)
+    return features
+
+
+def _audio_features(context: Context, config, bins: int | None) -> torch.Tensor:
     extractor = _feature_extractor(context.config.model_type, bins)
     # Whisper-style extractors pad to a fixed chunk; their encoders take exactly 2 x max_source_positions frames.
     positions = getattr(config, "max_source_positions", None) if hasattr(extractor, "chunk_length") else None
@@ -210,9 +222,13 @@ def _input_features(context: Context) -> torch.Tensor:
             features = extractor(audio, **options)
         values = features.get("input_features")
         if values is not None:
+            bins = bins or getattr(extractor, "feature_size", None)
+            if values.dim() == 3 and values.shape[2] == bins:
+                context.frame_axis = 1  # frames first
             return values.float()
     reader = _first_layer(context.model)
     if isinstance(reader, torch.nn.Linear):  # stacked frames into a linear layer (Granite Speech): frames first
+        context.frame_axis = 1
         return context.randn(context.batch, 64, reader.in_features)
     positions = getattr(config, "max_source_positions", None)
     return context.randn(context.batch, bins or 80, 2 * positions if positions else 64)
@@ -264,6 +280,12 @@ def _input_ids(context: Context) -> torch.Tensor:
     if isinstance(codes, int) and "codebook_idx" in context.parameters:  # Bark's fine model: every codebook at once
         return torch.stack([context.tokens() for _ in range(codes)], dim=-1)
     codebooks = getattr(context.config, "num_codebooks", None)
+    codes = getattr(context.config, "codebook_vocab_size", None)
+    if isinstance(codes, int) and isinstance(codebooks, int):
+        # Kyutai speech-to-text: the text stream beside one audio-code stream per codebook, (batch, length, 1 + codebooks)
+        audio = torch.randint(0, min(codes, SPECIAL_FLOOR), (context.batch, context.length, codebooks),
+                              generator=context.generator)
+        return torch.cat([context.tokens()[..., None], audio], dim=-1)
     if isinstance(codebooks, int) and codebooks > 1 and "decoder_input_ids" not in context.parameters:
         # audio-code decoders (MusicGen) take one row per codebook: (batch * codebooks, length)
         return context.tokens(batch=context.batch * codebooks)
@@ -360,11 +382,11 @@ def _hidden_states(context: Context) -> torch.Tensor:
 
 
 def _feature_mask(context: Context) -> torch.Tensor | None:
-    """All frames of the audio features are real: ones over their frame axis (the longer one)."""
+    """All frames of the audio features are real: ones over their frame axis."""
     features = context.inputs_so_far.get("input_features")
     if features is None:
         return None
-    return torch.ones(features.shape[0], max(features.shape[1:]), dtype=torch.long)
+    return torch.ones(features.shape[0], features.shape[context.frame_axis], dtype=torch.long)
 
 
 def _video(context: Context) -> torch.Tensor:
@@ -516,8 +538,9 @@ _RULES: dict[str, Callable[[Context], Any]] = {
 # Filled whenever the forward takes them, required or not: callers pass them, and they switch on code paths.
 _ALWAYS = ("attention_mask", "token_type_ids", "decoder_input_ids", "pixel_values", "bbox", "noise", "lang_ids",
            "visual_feats", "visual_pos", "image_attention_mask", "global_attention_mask", "target_sizes", "grid_thw",
-           "input_features", "decoder_input_values", "thinker_reply_part", "input_text_ids", "flattened_patches",
-           "image_embeds_position_mask", "image_grid_hw", "high_res_pixel_values", *_TRAJECTORY, *_ENTITIES)
+           "input_features", "decoder_input_values",
+           "thinker_reply_part", "input_text_ids", "flattened_patches", "image_embeds_position_mask", "image_grid_hw",
+           "high_res_pixel_values", *_TRAJECTORY, *_ENTITIES)
 
 
 def _parameters(model) -> dict[str, inspect.Parameter]:

@@ -169,6 +169,8 @@ TINY_OVERRIDES: dict[str, dict] = {
     # the prompt encoder's grid (image / patch) is the 16x-downsampled feature map
     "sam2": {"prompt_encoder_config.patch_size": 16},
     "sam2_video": {"prompt_encoder_config.patch_size": 16},
+    # SAM 3's ViT grid (a 32-pixel image in 8-pixel patches) scaled by 4, 2 and 1
+    "sam3_vision_model": {"backbone_feature_sizes": [[16, 16], [8, 8], [4, 4]]},
     "sam2_hiera_det_model": {key.removeprefix("backbone_config."): value for key, value in _HIERA_STAGES.items()
                              if key.startswith("backbone_config.")},
     # image tokens reach the text model through a vocabulary map that ships with the checkpoint: 16 codebook
@@ -199,13 +201,30 @@ TINY_OVERRIDES: dict[str, dict] = {
     "pp_ocrv5_server_rec": {"image_size": [48, 64], "initializer_range": 0.2},
     # the flow head is conditioned on the backbone's hidden states: same width (checked by the config)
     "gradium_phonon_tts": {"flow_head_config.condition_dim": 32},
+    # the adaptor's bottleneck is a quarter of the text width (checked by the config)
+    "fun_asr_nano": {"adaptor_config.intermediate_size": 8},
+    # the projector reads 4 encoder frames folded into one (a merge factor the code fixes at 4)
+    "glmasr_encoder": {"intermediate_size": 128},
+    # SuperGlue matches the detector's descriptors at its own hidden width
+    "superpoint": {"descriptor_decoder_dim": 32},
+    # the prompt's sine position features (2 x num_pos_feats) are added to the image embedding
+    "sam_vision_model": {"num_pos_feats": 16},
+    "sam_hq_vision_model": {"num_pos_feats": 16},
+    "sam_hq_mask_decoder": {"vit_dim": 32},  # the width of the ViT features the HQ head reads
+    # its shared expert is sized by a key that checkpoints carry and the config class does not declare
+    "qwen3_omni_moe_talker_text": {"shared_expert_intermediate_size": 64},
+    # the two M-RoPE axes take rotated dimensions in fours, of which a quarter of an 8-wide head has too few:
+    # two heads, 16 wide
+    "neomme": {"num_attention_heads": 2, "num_key_value_heads": 2},
     # per-stage, per-block channel lists that must chain into each other and end at hidden_size: one block a stage;
     "efficientloftr": {"stage_num_blocks": [1, 1, 1, 1], "out_features": [8, 8, 16, 32], "hidden_size": 32,
                        "stage_in_channels": [1, 8, 8, 16], "stage_block_stride": [[2], [1], [2], [2]],
                        "stage_block_out_channels": [[8], [8], [16], [32]],
                        "stage_block_in_channels": [[1], [8], [8], [16]], "fine_fusion_dims": [32, 16, 8],
                        # its 2-D rotary table fills hidden_size / 4 slots: heads / 2 = partial_rotary_factor (4)
-                       "num_attention_heads": 8, "num_key_value_heads": 8},
+                       "num_attention_heads": 8, "num_key_value_heads": 8,
+                       # fine matching slices this many channels off the finest (8-wide) features
+                       "fine_matching_slice_dim": 4},
 }
 
 # model type -> feature extractor class, where the auto mapping names one that does not make this model's inputs.
@@ -220,10 +239,17 @@ AUDIO_FRAMES_PER_TOKEN: dict[str, int] = {
     "voxtral_realtime": 8,  # a stride-2 convolution, then 4 frames merged per token (downsample_factor)
 }
 
+# model type -> the number of mel frames must be a multiple of this (the extractor's are cut down to one)
+AUDIO_FRAME_MULTIPLES: dict[str, int] = {
+    "glmasr": 8,  # a stride-2 convolution, then 4 frames merged into one token
+    "nemo_speechlm": 8,  # its encoder subsamples by 8 (subsampling_factor) and asks for whole steps
+}
+
 # model type -> how it takes pixels, where its forward signature does not say: "patches" (flattened patches,
 # batch x patches x C*P*P) or "images" (a list of images per sample, batch x 1 x C x H x W, with a pixel mask).
 PIXEL_LAYOUTS: dict[str, str] = {
     "fuyu": "patches",  # a linear layer over raw patches instead of a vision tower
+    "neomme": "flat-patches",  # the batch's patches in one list, patches x C*P*P
     # any-resolution: the base image and its tiles, batch x (1 + tiles) x C x H x W
     "llava_next": "tiles",
     "llava_next_video": "tiles",

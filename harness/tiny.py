@@ -127,6 +127,7 @@ _RULES: list[tuple[re.Pattern, Any]] = [
     (r"^(num_queries|num_denoising)$", _cap(8)),  # detectors pick their queries by top-k over a few feature cells
     (r"^(n_group|topk_group)$", _cap(1)),
     (r"^num_groups$", _cap(4)),  # group norms: must divide channels as small as 8
+    (r"^upsample_groups$", _cap(WIDTH)),  # a depthwise upsampling (Mimi's): one group per channel
     (r"^(\w+_)?n_groups$", _cap(1)),  # state-space groups must divide the (fewer) heads
     (r"^(\w+_)?layer_offset$", _cap(1)),  # hybrids: the first attention / expert layer must exist
     (r"^(\w+_)?layer_period$", _cap(2)),
