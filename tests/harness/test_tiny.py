@@ -78,6 +78,16 @@ KINDS = {
     "GraniteDoclingForConditionalGeneration": "text+image",  # a mask of real tiles, not of pixels
     "InklingForConditionalGeneration": "text+image",  # patches as short channels-last clips
     "Dots3NoteForConditionalGeneration": "text+audio+image",  # audio chunk lengths; sliding layers sized per layer
+    "SamModel": "image",  # prompt position features as wide as the image embedding
+    "SamHQModel": "image",  # its HQ head reads ViT features of the tiny width
+    "Sam3TrackerModel": "image",  # feature map sizes of the tiny image
+    "SuperGlueForKeypointMatching": "image",  # the detector's descriptors at the matcher's width
+    "NeoMMEForMaskedLM": "text+image",  # the batch's patches in one list; heads wide enough for two M-RoPE axes
+    "FunAsrNanoForConditionalGeneration": "text+audio",  # stacked frames first: the mask counts frames, not bins
+    "GlmAsrForConditionalGeneration": "text+audio",  # 4 frames merged per token: frames a multiple of 8
+    "Qwen3ASRForConditionalGeneration": "text+audio",  # fewer frames than mel bins: the mask counts frames
+    "Nemotron3_5TranscribeForConditionalGeneration": "text+audio",  # bins from the speech encoder's config
+    "KyutaiSpeechToTextForConditionalGeneration": "text",  # a text stream beside one stream per audio codebook
 }
 
 
