@@ -12,7 +12,7 @@ from importlib import metadata as package_metadata
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .utils import check_backend, named_leaves
+from .utils import check_backend, constant_value, named_leaves
 
 METADATA_FILE = "export.json"
 VERSIONED_PACKAGES = ("torch", "transformers", "onnx", "onnxscript", "onnxruntime", "executorch")
@@ -65,7 +65,8 @@ class Exported:
         traced = {}
         for name, value in inputs.items():
             if name in constants:
-                if _jsonable(value) != constants[name]:
+                value = _jsonable(constant_value(name, value))
+                if value != constants[name]:
                     raise ValueError(
                         f"{name}={value!r} differs from the value baked into this {self.backend} export "
                         f"({constants[name]!r}); export again to change it"

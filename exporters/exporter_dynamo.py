@@ -2,7 +2,8 @@
 
 ``trace_model`` is the part the ONNX and ExecuTorch exporters share; it runs these stages in order:
 
-1. forward signature: ``model.forward`` takes exactly the traced inputs, by name (internal);
+1. forward signature: ``model.forward`` takes exactly the traced inputs, by name; the rest, and inputs whose values
+   the model reads as sizes (``SIZE_INPUTS``), are baked in as constants;
 2. model patches: ``@register_patch("dynamo", ...)``, and packed-sequence attention as one masked SDPA;
 3. pytree registration: every ``Cache`` (and model-local ``*Cache``) type flattens to its tensors and rebuilds;
 4. dynamic shapes: ``Dim.AUTO`` on every axis of every input tensor and cache leaf, or ``config.dynamic_shapes``;
@@ -28,6 +29,7 @@ from torch.utils import _pytree
 
 from .exported import Exported, build_metadata
 from .utils import (
+    SIZE_INPUTS,
     DynamoExportError,
     StageLog,
     apply_patches,
@@ -117,7 +119,7 @@ def _size_or_symbol(size) -> int | str:
 def trace_model(model: torch.nn.Module, inputs: dict[str, Any], config: DynamoConfig, log: StageLog) -> Traced:
     """Run stages 1 to 5 around ``torch.export.export``; every failure names its stage."""
     traced_inputs, constants = split_inputs(inputs)
-    fired: set[str] = set()
+    fired: set[str] = {"size_inputs_as_constants"} if set(SIZE_INPUTS) & constants.keys() else set()
     with ExitStack() as active, torch.no_grad():
         with log.stage("signature"):
             active.enter_context(flat_forward(model, list(traced_inputs), constants))

@@ -237,6 +237,27 @@ def _fix_reshape_of_strided_view(graph_module, node) -> bool:
     return True
 
 
+@register_fx_node_fix("onnx")
+def _fix_squeeze_of_a_longer_axis(graph_module, node) -> bool:
+    """`squeeze(dim)` leaves an axis longer than 1 as it is; torch.onnx still emits a Squeeze of it, which ONNX
+    Runtime refuses when it loads the model ("Dimension of input 0 must be 1 instead of 8"; Mistral 3's
+    projector). Such axes leave the list, and a squeeze left with none is its input."""
+    if node.target not in (torch.ops.aten.squeeze.dim, torch.ops.aten.squeeze.dims):
+        return False
+    source, dims = node.args[:2]
+    shape = source.meta["val"].shape
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    kept = [dim for dim in dims if not (isinstance(shape[dim], int) and shape[dim] != 1)]
+    if len(kept) == len(dims):
+        return False
+    if kept:
+        node.target, node.args = torch.ops.aten.squeeze.dims, (source, kept)
+    else:
+        node.replace_all_uses_with(source)
+        graph_module.graph.erase_node(node)
+    return True
+
+
 # ── Stage 4: ONNX translations ───────────────────────────────────────────────
 # `@register_onnx_translation(torch.ops.aten.<op>.<overload>)` on an onnxscript function `_aten_<op>`.
 

@@ -517,6 +517,19 @@ def spec_leaf_names(spec) -> list[str]:
     return [names[id(marker)] for marker in markers]
 
 
+# Inputs whose values a model reads as sizes: per-image geometry it crops and tiles each image by (LLaVA-NeXT's
+# any-resolution grid, Pixtral's crops). Traced, their values become data-dependent shapes that export cannot
+# guard on; baked into the program, they fix the geometry as a static shape would.
+SIZE_INPUTS = ("image_sizes",)
+
+
+def constant_value(name: str, value: Any) -> Any:
+    """``value`` as a constant baked into a program: a size input's tensor as nested lists of ints."""
+    import torch
+
+    return value.tolist() if name in SIZE_INPUTS and isinstance(value, torch.Tensor) else value
+
+
 def split_inputs(inputs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Split keyword inputs into traced ones (anything holding a tensor) and constants baked into the program."""
     import torch
@@ -524,6 +537,7 @@ def split_inputs(inputs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]
 
     traced, constants = {}, {}
     for name, value in inputs.items():
+        value = constant_value(name, value)
         if any(isinstance(leaf, torch.Tensor) for leaf in _pytree.tree_leaves(value)):
             traced[name] = value
         else:

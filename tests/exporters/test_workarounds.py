@@ -242,6 +242,18 @@ def test_a_qwen_vl_model_exports_with_its_rotary_positions_fed(name):
     assert_parity(exported(**context.inputs["A"]), context.expected["A"], TOLERANCE["dynamo"])
 
 
+def test_image_sizes_are_baked_into_the_program_as_a_static_geometry(monkeypatch):
+    context = _built_by_the_sweep("LlavaNextForConditionalGeneration")  # picks its tile grid by the image sizes
+    exported = _export(context, "onnx")
+    assert "image_sizes" not in exported.input_names and "size_inputs_as_constants" in exported.applied
+    assert_parity(exported(**context.inputs["A"]), context.expected["A"], TOLERANCE["onnx"])
+    with pytest.raises(ValueError, match="image_sizes=.* differs from the value baked"):
+        exported(**{**context.inputs["A"], "image_sizes": context.inputs["A"]["image_sizes"] * 2})
+    monkeypatch.setattr("exporters.utils.SIZE_INPUTS", ())
+    with pytest.raises(exporters.ExportError, match="data-dependent"):
+        _export(context, "dynamo")
+
+
 CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaround, error without it)
     ("Gemma3ForSequenceClassification", "onnx", "_patch_mask_by_broadcast", "vmapped"),  # bidirectional images
     ("LongcatFlashModel", "dynamo", "_patch_longcat_flash_experts_dense", "data-dependent"),
@@ -374,6 +386,29 @@ def test_a_pattern_the_executorch_runtime_cannot_run_is_rewritten(module, inputs
     with disabled_workarounds(workaround):
         as_traced = exporter.export(model, inputs, config)
     with pytest.raises(RuntimeError, match=error):
+        as_traced(**inputs)
+
+
+class _SqueezedProjection(torch.nn.Module):
+    """Mistral 3's projector: squeezes a leading axis that, for several images, is not one."""
+
+    def __init__(self):
+        super().__init__()
+        self.projection = torch.nn.Linear(4, 4)
+
+    def forward(self, tokens):
+        return self.projection(tokens).squeeze(0)
+
+
+def test_onnx_squeeze_of_an_axis_longer_than_one_is_left_out():
+    model, inputs = _SqueezedProjection().eval(), {"tokens": torch.randn(8, 4)}
+    exporter, config = exporters.exporter_for("onnx")
+    exported = exporter.export(model, inputs, config)
+    assert "_fix_squeeze_of_a_longer_axis" in exported.applied
+    torch.testing.assert_close(exported(**inputs)["output"], model(**inputs), atol=1e-6, rtol=1e-6)
+    with disabled_workarounds("_fix_squeeze_of_a_longer_axis"):
+        as_traced = exporter.export(model, inputs, config)
+    with pytest.raises(Exception, match="must be 1 instead of 8"):
         as_traced(**inputs)
 
 
