@@ -2,8 +2,8 @@
 
 ``trace_model`` is the part the ONNX and ExecuTorch exporters share; it runs these stages in order:
 
-1. forward signature: ``model.forward`` takes exactly the traced inputs, by name; the rest, and inputs whose values
-   the model reads as sizes (``SIZE_INPUTS``), are baked in as constants;
+1. forward signature: ``model.forward`` takes exactly the traced inputs, by name; the rest are baked in as
+   constants, and so are inputs whose values the model reads as sizes (``SIZE_INPUTS``) in a static export;
 2. model patches: ``@register_patch("dynamo", ...)``, and packed-sequence attention as one masked SDPA;
 3. pytree registration: every ``Cache`` (and model-local ``*Cache``) type flattens to its tensors and rebuilds;
 4. dynamic shapes: ``Dim.AUTO`` on every axis of every input tensor and cache leaf, or ``config.dynamic_shapes``;
@@ -29,7 +29,6 @@ from torch.utils import _pytree
 
 from .exported import Exported, build_metadata
 from .utils import (
-    SIZE_INPUTS,
     DynamoExportError,
     StageLog,
     apply_patches,
@@ -118,11 +117,12 @@ def _size_or_symbol(size) -> int | str:
 
 def trace_model(model: torch.nn.Module, inputs: dict[str, Any], config: DynamoConfig, log: StageLog) -> Traced:
     """Run stages 1 to 5 around ``torch.export.export``; every failure names its stage."""
-    traced_inputs, constants = split_inputs(inputs)
-    fired: set[str] = {"size_inputs_as_constants"} if set(SIZE_INPUTS) & constants.keys() else set()
+    traced_inputs, constants = split_inputs(inputs, sizes_as_constants=not config.dynamic)
+    size_dtypes = {name: inputs[name].dtype for name in constants if isinstance(inputs[name], torch.Tensor)}
+    fired: set[str] = {"size_inputs_as_constants"} if size_dtypes else set()
     with ExitStack() as active, torch.no_grad():
         with log.stage("signature"):
-            active.enter_context(flat_forward(model, list(traced_inputs), constants))
+            active.enter_context(flat_forward(model, list(traced_inputs), constants, size_dtypes))
         with log.stage("model-patches"):
             active.enter_context(apply_patches("dynamo", fired))
             active.enter_context(segmented_attention(model, fired))
@@ -153,16 +153,31 @@ def trace_model(model: torch.nn.Module, inputs: dict[str, Any], config: DynamoCo
 # `use_cache=False`) are bound inside instead of becoming program inputs.
 
 
+_SIZE_NUMEL_LIMIT = 4096  # image grids and the per-image sizes computed from them
+
+
 @contextmanager
-def flat_forward(model: torch.nn.Module, names: list[str], constants: dict[str, Any]):
+def flat_forward(model: torch.nn.Module, names: list[str], constants: dict[str, Any], size_dtypes=None):
+    """``model.forward`` taking the traced inputs by name, the constants bound; size inputs baked as constants
+    (``size_dtypes``: their dtypes) reach the model as the tensors it expects, made during the trace, whose values
+    the trace keeps: their ``tolist()`` gives numbers, not data-dependent sizes."""
+    import torch._subclasses.fake_tensor as fake_tensor
+
     had_own = "forward" in vars(model)
     original = model.forward
+    size_dtypes = size_dtypes or {}
 
     def forward(*args, **kwargs):
         kwargs.update(zip(names, args))
+        sizes = {name: torch.tensor(constants[name], dtype=dtype) for name, dtype in size_dtypes.items()}
         # Looked up at call time: a stage 2 patch may replace the class's own forward.
         call = original if had_own else type(model).forward.__get__(model)
-        return call(**kwargs, **constants)
+        return call(**kwargs, **{**constants, **sizes})
+
+    # the trace keeps values only of tensors this small, and of what is computed from them alone (1 by default)
+    numel_limit = fake_tensor.CONSTANT_NUMEL_LIMIT
+    if size_dtypes:
+        fake_tensor.CONSTANT_NUMEL_LIMIT = max(numel_limit, _SIZE_NUMEL_LIMIT)
 
     forward.__signature__ = inspect.Signature(
         [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in names]
@@ -171,6 +186,7 @@ def flat_forward(model: torch.nn.Module, names: list[str], constants: dict[str, 
     try:
         yield
     finally:
+        fake_tensor.CONSTANT_NUMEL_LIMIT = numel_limit
         if had_own:
             model.forward = original
         else:

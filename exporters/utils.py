@@ -517,10 +517,12 @@ def spec_leaf_names(spec) -> list[str]:
     return [names[id(marker)] for marker in markers]
 
 
-# Inputs whose values a model reads as sizes: per-image geometry it crops and tiles each image by (LLaVA-NeXT's
-# any-resolution grid, Pixtral's crops). Traced, their values become data-dependent shapes that export cannot
-# guard on; baked into the program, they fix the geometry as a static shape would.
-SIZE_INPUTS = ("image_sizes",)
+# Inputs whose values a model reads as sizes: the per-image geometry it crops, tiles and loops by (LLaVA-NeXT's
+# any-resolution grid, Pixtral's crops, Qwen-VL's patch grids). Traced, their values become data-dependent sizes
+# that export cannot guard on nor ExecuTorch plan memory for. A static export fixes every shape, so it bakes these
+# in too: the geometry is part of the program, and calling it with another one is refused.
+SIZE_INPUTS = ("image_sizes", "image_grid_thw", "video_grid_thw", "grid_thw", "image_grid_hw", "spatial_shapes",
+               "target_sizes")
 
 
 def constant_value(name: str, value: Any) -> Any:
@@ -530,14 +532,16 @@ def constant_value(name: str, value: Any) -> Any:
     return value.tolist() if name in SIZE_INPUTS and isinstance(value, torch.Tensor) else value
 
 
-def split_inputs(inputs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Split keyword inputs into traced ones (anything holding a tensor) and constants baked into the program."""
+def split_inputs(inputs: dict[str, Any], sizes_as_constants: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split keyword inputs into traced ones (anything holding a tensor) and constants baked into the program; with
+    ``sizes_as_constants`` (a static export), the ``SIZE_INPUTS`` are constants too."""
     import torch
     from torch.utils import _pytree
 
     traced, constants = {}, {}
     for name, value in inputs.items():
-        value = constant_value(name, value)
+        if sizes_as_constants:
+            value = constant_value(name, value)
         if any(isinstance(leaf, torch.Tensor) for leaf in _pytree.tree_leaves(value)):
             traced[name] = value
         else:

@@ -401,12 +401,9 @@ def varying_axes(first: dict, second: dict) -> dict | None:
     about convolution arithmetic it never needs. None (every axis) when an input is not a plain tensor.
     """
     import torch
-    from exporters.utils import SIZE_INPUTS
 
     shapes = {}
     for name, value in first.items():
-        if name in SIZE_INPUTS:  # baked into the program, not traced
-            continue
         other = second.get(name)
         if not isinstance(value, torch.Tensor) or not isinstance(other, torch.Tensor) or value.dim() != other.dim():
             return None

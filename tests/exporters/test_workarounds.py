@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import exporters
-from exporters.utils import disabled_workarounds
+from exporters.utils import disabled_workarounds, split_inputs
 
 from .conftest import TOLERANCE, assert_parity
 
@@ -242,16 +242,21 @@ def test_a_qwen_vl_model_exports_with_its_rotary_positions_fed(name):
     assert_parity(exported(**context.inputs["A"]), context.expected["A"], TOLERANCE["dynamo"])
 
 
-def test_image_sizes_are_baked_into_the_program_as_a_static_geometry(monkeypatch):
-    context = _built_by_the_sweep("LlavaNextForConditionalGeneration")  # picks its tile grid by the image sizes
-    exported = _export(context, "onnx")
-    assert "image_sizes" not in exported.input_names and "size_inputs_as_constants" in exported.applied
-    assert_parity(exported(**context.inputs["A"]), context.expected["A"], TOLERANCE["onnx"])
-    with pytest.raises(ValueError, match="image_sizes=.* differs from the value baked"):
-        exported(**{**context.inputs["A"], "image_sizes": context.inputs["A"]["image_sizes"] * 2})
+@pytest.mark.parametrize("name, size_input, backend, error", [
+    ("LlavaNextForConditionalGeneration", "image_sizes", "onnx", "data-dependent"),  # picks its tiles by them
+    ("Qwen2VLForConditionalGeneration", "image_grid_thw", "executorch", "finite upper bound"),  # sizes per image
+])  # fmt: skip
+def test_a_static_export_bakes_in_the_image_geometry(monkeypatch, name, size_input, backend, error):
+    context = _built_by_the_sweep(name)
+    exported = _export(context, backend)
+    assert size_input not in exported.input_names and "size_inputs_as_constants" in exported.applied
+    assert_parity(exported(**context.inputs["A"]), context.expected["A"], TOLERANCE[backend])
+    with pytest.raises(ValueError, match=f"{size_input}=.* differs from the value baked"):
+        exported(**{**context.inputs["A"], size_input: context.inputs["A"][size_input] * 2})
+    assert size_input in split_inputs(context.inputs["A"])[0]  # a dynamic export traces it
     monkeypatch.setattr("exporters.utils.SIZE_INPUTS", ())
-    with pytest.raises(exporters.ExportError, match="data-dependent"):
-        _export(context, "dynamo")
+    with pytest.raises(exporters.ExportError, match=error):
+        _export(context, backend)
 
 
 CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaround, error without it)
