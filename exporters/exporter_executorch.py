@@ -15,6 +15,7 @@ ExecuTorch is imported on first use: it costs seconds, and the other backends do
 from __future__ import annotations
 
 import math
+import operator
 import types
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -61,7 +62,13 @@ class ExecutorchExported(Exported):
         if self._method is None:
             from executorch.runtime import Runtime
 
-            self._method = Runtime.get().load_program(self.program).load_method("forward")
+            try:
+                self._method = Runtime.get().load_program(self.program).load_method("forward")
+            except RuntimeError as error:
+                missing = _operators_without_kernels(self.program)
+                if missing:
+                    raise RuntimeError(f"the ExecuTorch runtime has no kernel for {', '.join(missing)}") from error
+                raise
         return self._method
 
     method = property(_runtime)
@@ -121,6 +128,16 @@ class ExecutorchExporter:
         # counted after lowering: functionalization turns in-place updates of inputs into leading outputs
         metadata["mutated_inputs"] = mutated_inputs
         return ExecutorchExported(program, metadata)
+
+
+def _operators_without_kernels(program: bytes) -> list[str]:
+    """The operators a serialized program calls that the runtime registers no kernel for."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
+    from executorch.extension.pybindings.portable_lib import _get_operator_names
+
+    plan = getattr(deserialize_pte_binary(program), "program", None) or deserialize_pte_binary(program)
+    called = {f"{op.name}.{op.overload}" if op.overload else op.name for op in plan.execution_plan[0].operators}
+    return sorted(called - set(_get_operator_names()))
 
 
 # ── Stage 1: Backend preparation ─────────────────────────────────────────────
@@ -210,6 +227,37 @@ def _patch_embedding_bag_as_gather(original):
         return rows.sum(dim=1) if mode == "sum" else rows.mean(dim=1)
 
     return embedding_bag
+
+
+@register_patch("executorch", "torch.scatter_reduce", "torch.Tensor.scatter_reduce")
+def _patch_scatter_reduce_as_dense(original):
+    """The portable runtime has no `scatter_reduce` kernel (TAPAS reduces its table cells per segment with it).
+    Along a vector, each output slot reduces the sources whose index is that slot: a comparison of every index
+    with every slot, then a masked reduction per slot; slots no source reaches keep their value."""
+    reductions = ("sum", "mean", "amax", "amin")
+
+    def scatter_reduce(input, dim, index, src, reduce, *, include_self=True):
+        if input.dim() != 1 or index.dim() != 1 or not input.is_floating_point() or reduce not in reductions:
+            return original(input, dim, index, src, reduce, include_self=include_self)
+        member = index[None, :] == torch.arange(input.shape[0], device=index.device)[:, None]
+        count = member.sum(dim=1)
+        sources = src[: index.shape[0]].to(input.dtype)[None, :]
+        if reduce in ("sum", "mean"):
+            total = torch.where(member, sources, 0).sum(dim=1)
+            if reduce == "sum":
+                return input + total if include_self else torch.where(count > 0, total, input)
+            if include_self:
+                return (input + total) / (count + 1)
+            return torch.where(count > 0, total / count.clamp(min=1), input)
+        highest = reduce == "amax"
+        fill = torch.finfo(input.dtype).min if highest else torch.finfo(input.dtype).max
+        extreme = torch.where(member, sources, fill)
+        extreme = extreme.amax(dim=1) if highest else extreme.amin(dim=1)
+        if include_self:
+            extreme = torch.maximum(extreme, input) if highest else torch.minimum(extreme, input)
+        return torch.where(count > 0, extreme, input)
+
+    return scatter_reduce
 
 
 # ── Stage 3: ExecuTorch patches ──────────────────────────────────────────────
@@ -487,6 +535,36 @@ def _fix_max_for_xnnpack(graph_module, node) -> bool:
             result = _call_after(graph, result, torch.ops.aten.squeeze.dim, axis)
         for consumer in consumers:
             consumer.replace_input_with(output, result)
+    return True
+
+
+@register_fx_node_fix("executorch")
+def _fix_sort_as_topk(graph_module, node) -> bool:
+    """The runtime has no sort kernel, so a program that sorts fails to load ("OperatorMissing"; ViTMAE's random
+    masking argsorts its noise, SAM-HQ sorts its point scores). Sorting is a top-k of every element along the
+    axis, which the runtime has; an argsort is that top-k's indices."""
+    aten = torch.ops.aten
+    sorts = {aten.sort.default: False, aten.sort.stable: False, aten.argsort.default: True, aten.argsort.stable: True}
+    if node.op != "call_function" or node.target not in sorts:
+        return False
+    positional = node.args[1:] if node.target in (aten.sort.default, aten.argsort.default) else ()
+    arguments = {**dict(zip(("dim", "descending"), positional)), **node.kwargs}
+    source, dim = node.args[0], arguments.get("dim", -1)
+    length = source.meta["val"].shape[dim]
+    if not isinstance(length, int):
+        return False
+    topk_args = (source, length, dim, bool(arguments.get("descending", False)), True)
+    if not sorts[node.target]:
+        node.target, node.args, node.kwargs = aten.topk.default, topk_args, {}
+        return True
+    graph = graph_module.graph
+    with graph.inserting_before(node):
+        topk = graph.call_function(aten.topk.default, topk_args)
+        indices = graph.call_function(operator.getitem, (topk, 1))
+    topk.meta["val"] = aten.topk.default(*(arg.meta["val"] if arg is source else arg for arg in topk_args))
+    indices.meta["val"] = topk.meta["val"][1]
+    node.replace_all_uses_with(indices)
+    graph.erase_node(node)
     return True
 
 

@@ -373,10 +373,27 @@ class _InterpolationTaps(torch.nn.Module):
         return torch.nn.functional.embedding_bag(indices, self.table, per_sample_weights=weights, mode="sum")
 
 
+class _NoiseRanks(torch.nn.Module):
+    """ViTMAE's random masking argsorts its noise; SAM-HQ sorts its point scores."""
+
+    def forward(self, noise):
+        return torch.sort(noise, dim=1, descending=True).values + torch.argsort(noise, dim=1)
+
+
+class _SegmentMinimum(torch.nn.Module):
+    """TAPAS: the smallest value in each segment of the table (segment 3 has none and keeps its zero)."""
+
+    def forward(self, values, segments):
+        return torch.zeros(5).scatter_reduce(0, segments, values, "amin", include_self=False)
+
+
 RUNTIME_CASES = [  # (module, inputs, workaround, what the ExecuTorch runtime says without it)
     (_Tubelets, {"video": torch.randn(2, 3, 4, 8, 12)}, "_fix_patchify_conv3d", "0x12"),  # 3-D and 4-D only
     (_InterpolationTaps, {"indices": torch.randint(0, 16, (5, 4)), "weights": torch.rand(5, 4)},
-     "_patch_embedding_bag_as_gather", "0x:14"),  # no such kernel
+     "_patch_embedding_bag_as_gather", "no kernel for aten::_embedding_bag"),
+    (_NoiseRanks, {"noise": torch.randn(2, 9)}, "_fix_sort_as_topk", "no kernel for aten::sort"),
+    (_SegmentMinimum, {"values": torch.randn(7), "segments": torch.tensor([0, 2, 2, 4, 0, 2, 1])},
+     "_patch_scatter_reduce_as_dense", "no kernel for aten::scatter_reduce"),
 ]  # fmt: skip
 
 
