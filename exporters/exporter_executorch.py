@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import operator
+import sys
 import types
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -535,6 +536,35 @@ def _fix_max_for_xnnpack(graph_module, node) -> bool:
             result = _call_after(graph, result, torch.ops.aten.squeeze.dim, axis)
         for consumer in consumers:
             consumer.replace_input_with(output, result)
+    return True
+
+
+@register_fx_node_fix("executorch")
+def _fix_negative_padding_as_slice(graph_module, node) -> bool:
+    """A negative pad crops, which the portable `constant_pad_nd` kernel refuses at run time ("Padding values must
+    be non-negative"; RWKV's time shift pads one step in front and drops the last). The crops become slices, and
+    what remains pads."""
+    aten = torch.ops.aten
+    if node.op != "call_function" or node.target not in (aten.constant_pad_nd.default, aten.pad.default):
+        return False
+    source, pad, *value = node.args
+    if node.target is aten.pad.default:  # pad(input, pad, mode="constant", value=None)
+        mode = value[0] if value else node.kwargs.get("mode", "constant")
+        fill = value[1] if len(value) > 1 else node.kwargs.get("value")
+        if mode != "constant":
+            return False
+        value = [] if fill is None else [fill]
+    if not any(isinstance(amount, int) and amount < 0 for amount in pad):
+        return False
+    cropped = source
+    for index in range(0, len(pad), 2):  # pairs (before, after) from the last axis backwards
+        before, after = pad[index], pad[index + 1]
+        if before < 0 or after < 0:
+            dim = -(index // 2) - 1
+            cropped = _call_after(graph_module.graph, cropped, torch.ops.aten.slice.Tensor, dim, max(-before, 0),
+                                  after if after < 0 else sys.maxsize, after=cropped)
+    node.target, node.kwargs = aten.constant_pad_nd.default, {}
+    node.args = (cropped, [max(amount, 0) for amount in pad], *value)
     return True
 
 

@@ -387,11 +387,23 @@ class _SegmentMinimum(torch.nn.Module):
         return torch.zeros(5).scatter_reduce(0, segments, values, "amin", include_self=False)
 
 
+class _TimeShift(torch.nn.Module):
+    """RWKV: every step sees the previous one, padded in front and cropped at the end."""
+
+    def __init__(self):
+        super().__init__()
+        self.shift = torch.nn.ZeroPad2d((0, 0, 1, -1))
+
+    def forward(self, hidden_states):
+        return self.shift(hidden_states) + hidden_states
+
+
 RUNTIME_CASES = [  # (module, inputs, workaround, what the ExecuTorch runtime says without it)
     (_Tubelets, {"video": torch.randn(2, 3, 4, 8, 12)}, "_fix_patchify_conv3d", "0x12"),  # 3-D and 4-D only
     (_InterpolationTaps, {"indices": torch.randint(0, 16, (5, 4)), "weights": torch.rand(5, 4)},
      "_patch_embedding_bag_as_gather", "no kernel for aten::_embedding_bag"),
     (_NoiseRanks, {"noise": torch.randn(2, 9)}, "_fix_sort_as_topk", "no kernel for aten::sort"),
+    (_TimeShift, {"hidden_states": torch.randn(2, 5, 4)}, "_fix_negative_padding_as_slice", "0x12"),
     (_SegmentMinimum, {"values": torch.randn(7), "segments": torch.tensor([0, 2, 2, 4, 0, 2, 1])},
      "_patch_scatter_reduce_as_dense", "no kernel for aten::scatter_reduce"),
 ]  # fmt: skip
