@@ -478,19 +478,25 @@ def _fix_patchify_conv3d(graph_module, node) -> bool:
     plain = not options["transposed"] and options["groups"] == 1 and set(options["dilation"]) == {1}
     if len(kernel) != 3 or not plain or options["padding"] not in ([0], [0, 0, 0], (0, 0, 0)) or stride != kernel:
         return False
-    if not all(isinstance(size, int) and size % k == 0 for size, k in zip(spatial, kernel)):
+    if not all(isinstance(size, int) for size in spatial):
         return False
     out_channels, in_channels = weight.meta["val"].shape[:2]
     grid = [s // k for s, k in zip(spatial, kernel)]
     graph, aten = graph_module.graph, torch.ops.aten
+    patches, first = source, node.prev  # the chain starts right before the convolution, after every input
+    for axis, (size, k) in enumerate(zip(spatial, kernel)):
+        if size % k:  # the convolution leaves out what no whole patch covers
+            patches = _call_after(graph, patches, aten.slice.Tensor, axis + 2, 0, size - size % k, after=first)
+            with graph.inserting_after(patches):
+                patches = first = contiguous_copy(graph, patches)
+    spatial = [g * k for g, k in zip(grid, kernel)]
     # Fold one axis at a time (XNNPACK takes at most 6 dims): rows end up (batch, depth, height, width) patches,
     # columns (channel, depth, height, width) within one, as the weight's.
-    patches = source
     for axis, rest in ((0, [spatial[1] * spatial[2]]), (1, [spatial[2]]), (2, [])):
         folded = in_channels * math.prod(kernel[:axis])
-        first = node.prev if axis == 0 else None  # the chain starts right before the convolution, after every input
         patches = _call_after(graph, patches, aten.view.default, [-1, folded, grid[axis], kernel[axis], *rest],
                               after=first)
+        first = None
         patches = _call_after(graph, patches, aten.transpose.int, 1, 2)
         with graph.inserting_after(patches):
             patches = contiguous_copy(graph, patches)

@@ -400,6 +400,7 @@ class _TimeShift(torch.nn.Module):
 
 RUNTIME_CASES = [  # (module, inputs, workaround, what the ExecuTorch runtime says without it)
     (_Tubelets, {"video": torch.randn(2, 3, 4, 8, 12)}, "_fix_patchify_conv3d", "0x12"),  # 3-D and 4-D only
+    (_Tubelets, {"video": torch.randn(2, 3, 5, 9, 14)}, "_fix_patchify_conv3d", "0x12"),  # leftovers uncovered
     (_InterpolationTaps, {"indices": torch.randint(0, 16, (5, 4)), "weights": torch.rand(5, 4)},
      "_patch_embedding_bag_as_gather", "no kernel for aten::_embedding_bag"),
     (_NoiseRanks, {"noise": torch.randn(2, 9)}, "_fix_sort_as_topk", "no kernel for aten::sort"),
