@@ -575,6 +575,24 @@ def _fix_negative_padding_as_slice(graph_module, node) -> bool:
 
 
 @register_fx_node_fix("executorch")
+def _fix_alias_as_its_input(graph_module, node) -> bool:
+    """A slice that keeps everything traces as `alias`, which ExecuTorch runs as a copy whose output it plans in the
+    default dim order: when the input comes from a channels-last kernel, the copy refuses the mismatch at run time
+    ("2 input tensors have different dim orders"; Swin2SR crops its upscaled image to the size it already has).
+    The value is its input's."""
+    if node.op != "call_function" or node.target is not torch.ops.aten.alias.default:
+        return False
+    source = node.args[0]
+    if not isinstance(source, torch.fx.Node) or source.op == "placeholder":
+        return False  # a program input returned as is stays a distinct value
+    if any(user.op == "output" for user in source.users):
+        return False  # and so does an output returned twice
+    node.replace_all_uses_with(source)
+    graph_module.graph.erase_node(node)
+    return True
+
+
+@register_fx_node_fix("executorch")
 def _fix_sort_as_topk(graph_module, node) -> bool:
     """The runtime has no sort kernel, so a program that sorts fails to load ("OperatorMissing"; ViTMAE's random
     masking argsorts its noise, SAM-HQ sorts its point scores). Sorting is a top-k of every element along the

@@ -424,6 +424,17 @@ def test_a_pattern_the_executorch_runtime_cannot_run_is_rewritten(module, inputs
         as_traced(**inputs)
 
 
+def test_executorch_returns_a_slice_that_keeps_everything_as_its_input():
+    context = _built_by_the_sweep("Swin2SRForImageSuperResolution")  # crops its image to the size it has
+    exported = _export(context, "executorch")
+    assert "_fix_alias_as_its_input" in exported.applied
+    assert_parity(exported(**context.inputs["A"]), context.expected["A"], TOLERANCE["executorch"])
+    with disabled_workarounds("_fix_alias_as_its_input"):
+        as_traced = _export(context, "executorch")
+    with pytest.raises(RuntimeError, match="0x12"):  # the copy's input and output dim orders differ
+        as_traced(**context.inputs["A"])
+
+
 class _SqueezedProjection(torch.nn.Module):
     """Mistral 3's projector: squeezes a leading axis that, for several images, is not one."""
 
