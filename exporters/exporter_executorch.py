@@ -512,36 +512,29 @@ def _fix_patchify_conv3d(graph_module, node) -> bool:
 
 @register_fx_node_fix("executorch")
 def _fix_max_for_xnnpack(graph_module, node) -> bool:
-    """XNNPACK's partitioner takes `max.dim` on any 4-D input, and its lowering then accepts only the literal dims 2
-    and 3 with the reduced axis kept: a max over `dim=-1` fails to lower ("amax.default only supports dim == 2 or
-    dim == 3"; GPT-OSS's attention sinks), and so does one over axis 1 that drops it (Hiera's pooling). The same
-    axis counted from the front lowers; another axis is swapped with the last one and back, a dropped one is kept
-    and then squeezed."""
+    """XNNPACK's partitioner takes `max.dim` on any 4-D input; its lowering accepts only the dims 2 and 3 with the
+    reduced axis kept ("amax.default only supports dim == 2 or dim == 3": GPT-OSS's attention sinks over
+    `dim=-1`, Hiera's pooling over axis 1), and a max it does lower, followed by a softmax, comes out wrong (GPT-OSS
+    logits off by 0.2). A 5-D max it leaves to the portable kernel: the input gains a leading axis of one, which
+    each output drops again. Other ranks only get their axis counted from the front."""
     if node.op != "call_function" or node.target is not torch.ops.aten.max.dim:
         return False
     source, dim, *rest = node.args
     rank = source.meta["val"].dim()
-    keepdim = bool(rest[0]) if rest else False
     axis = dim % rank
-    if rank != 4 or (axis in (2, 3) and keepdim):
+    if rank != 4:
         node.args = (source, axis, *rest)
         return dim != axis
     graph = graph_module.graph
-    swapped = axis not in (2, 3)
-    if swapped:
-        source = _call_after(graph, source, torch.ops.aten.transpose.int, axis, 3)
-    node.args = (source, 3 if swapped else axis, True)
-    node.meta["val"] = torch.ops.aten.max.dim(source.meta["val"], node.args[1], True)
+    widened = _call_after(graph, source, torch.ops.aten.unsqueeze.default, 0, after=node.prev)
+    node.args = (widened, axis + 1, *rest)
+    node.meta["val"] = torch.ops.aten.max.dim(widened.meta["val"], axis + 1, *rest)
     for output in list(node.users):  # getitem 0 (values) and 1 (indices)
         output.meta["val"] = node.meta["val"][output.args[1]]
         consumers = list(output.users)
-        result = output
-        if swapped:
-            result = _call_after(graph, result, torch.ops.aten.transpose.int, axis, 3)
-        if not keepdim:
-            result = _call_after(graph, result, torch.ops.aten.squeeze.dim, axis)
+        narrowed = _call_after(graph, output, torch.ops.aten.squeeze.dim, 0)
         for consumer in consumers:
-            consumer.replace_input_with(output, result)
+            consumer.replace_input_with(output, narrowed)
     return True
 
 
