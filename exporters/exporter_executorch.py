@@ -261,6 +261,28 @@ def _patch_scatter_reduce_as_dense(original):
     return scatter_reduce
 
 
+@register_patch("executorch", "transformers.models.fnet.modeling_fnet.FNetBasicFourierTransform.forward")
+def _patch_fnet_fourier_as_matmul(original):
+    """FNet mixes tokens with the real part of a 2-D FFT over sequence and hidden axes; complex FFTs are not in the
+    Core ATen opset (`_fft_c2c`). For a real input that real part is C X C' - S X S', with C and S the cosines and
+    sines of the two axes' DFT matrices: four matrix products."""
+
+    def dft_basis(size, like):
+        index = torch.arange(size, device=like.device)
+        angle = (index[:, None] * index[None, :] % size).to(like.dtype) * (2 * math.pi / size)  # exact turns first
+        return angle.cos(), angle.sin()
+
+    def forward(self, hidden_states):
+        if hidden_states.dim() != 3 or hasattr(self, "dft_mat_seq"):  # its TPU variant truncates fixed DFT matrices
+            return original(self, hidden_states)
+        cos_tokens, sin_tokens = dft_basis(hidden_states.shape[1], hidden_states)
+        cos_hidden, sin_hidden = dft_basis(hidden_states.shape[2], hidden_states)
+        mixed = cos_tokens @ hidden_states @ cos_hidden - sin_tokens @ hidden_states @ sin_hidden
+        return (mixed,)
+
+    return forward
+
+
 # ── Stage 3: ExecuTorch patches ──────────────────────────────────────────────
 # `@register_patch("executorch", "executorch.<internal>")`: lowering steps that fail on valid graphs.
 
