@@ -608,6 +608,20 @@ def _fix_alias_as_its_input(graph_module, node) -> bool:
 
 
 @register_fx_node_fix("executorch")
+def _fix_certain_bernoulli(graph_module, node) -> bool:
+    """`bernoulli` is not in the Core ATen opset. With a probability of 0 or 1 it draws nothing at random: zeros or
+    ones (SpeechT5's decoder prenet keeps its dropout in eval mode, with p = 0 here)."""
+    if node.op != "call_function" or node.target is not torch.ops.aten.bernoulli.p:
+        return False
+    source, probability = node.args[0], node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5)
+    if probability not in (0, 1):
+        return False
+    fill = torch.ops.aten.ones_like.default if probability == 1 else torch.ops.aten.zeros_like.default
+    node.target, node.args, node.kwargs = fill, (source,), {}
+    return True
+
+
+@register_fx_node_fix("executorch")
 def _fix_sort_as_topk(graph_module, node) -> bool:
     """The runtime has no sort kernel, so a program that sorts fails to load ("OperatorMissing"; ViTMAE's random
     masking argsorts its noise, SAM-HQ sorts its point scores). Sorting is a top-k of every element along the

@@ -477,6 +477,13 @@ def test_onnx_squeeze_of_an_axis_longer_than_one_is_left_out():
         as_traced(**inputs)
 
 
+class _EvalModeDropout(torch.nn.Module):
+    """SpeechT5's decoder prenet draws its dropout mask in eval mode too, here with a probability of 0."""
+
+    def forward(self, embeddings):
+        return torch.where(torch.bernoulli(embeddings, p=0.0) == 1, embeddings, 0) + embeddings
+
+
 MODULE_CASES = [  # (backend, module, inputs, workaround, error without it)
     ("executorch", _PatchPositions, {"coordinates": torch.tensor([[-1.0, 0.0, 0.1, 0.25, 0.3, 0.75, 0.9, 1.0]])},
      "_patch_bucketize_as_comparison", "bucketize.Tensor is not in Core ATen"),
@@ -496,6 +503,8 @@ MODULE_CASES = [  # (backend, module, inputs, workaround, error without it)
      "_aten_sym_numel", "No ONNX function found for .*sym_numel"),
     ("executorch", _PatchIndexPerImage, {"patches": torch.randn(5, 3), "patches_per_image": torch.tensor([2, 3])},
      "_patch_repeat_interleave_as_gather", "repeat_interleave.Tensor is not in Core ATen"),
+    ("executorch", _EvalModeDropout, {"embeddings": torch.randn(2, 3, 4)},
+     "_fix_certain_bernoulli", "bernoulli.p is not in Core ATen"),
     ("executorch", _PickedColumns, {"x": torch.randn(2, 5, 8), "keep": torch.tensor([True, False, True, True, False])},
      "_patch_dim_order_of_contiguous_strides", r"data-dependent expression 8\*u\d+ < 8"),
 ]  # fmt: skip
