@@ -804,8 +804,11 @@ def _features_owner(model, modality: str):
 def _feature_count(features) -> int:
     """How many feature vectors a ``get_*_features`` call returned, whatever shape its answer takes."""
     if not isinstance(features, (torch.Tensor, tuple, list)):  # a model output: the pooled features, else the states
-        pooled = getattr(features, "pooler_output", None)
-        features = pooled if pooled is not None else features.last_hidden_state
+        pooled, states = getattr(features, "pooler_output", None), features.last_hidden_state
+        if pooled is not None or states is not None:
+            features = pooled if pooled is not None else states
+        else:  # Granite 4 Vision: the features of each text layer they are injected into, as many for every layer
+            features = features.deepstack_features[0][1]
     elif isinstance(features, tuple) and len(features) and isinstance(features[0], torch.Tensor) and features[0].dim() == 3:
         features = features[0]
     if isinstance(features, (tuple, list)):

@@ -160,6 +160,10 @@ TINY_OVERRIDES: dict[str, dict] = {
                                                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
     # any-resolution models tile an image on a grid of pinpoints: one tile the size of the tiny image
     "llava_next": {"image_grid_pinpoints": [[32, 32]]},
+    # also: its Q-Former has one head per 64 vision channels; checkpoints name the window downsampling and the
+    # vision layers injected into text layers (layers a two-layer model has)
+    "granite4_vision": {"image_grid_pinpoints": [[32, 32]], "vision_config.hidden_size": 64, "downsample_rate": "1/2",
+                        "deepstack_layer_map": [[-1, 0], [-2, 1]], "spatial_target_layers": [0, 1, 0, 1]},
     "llava_next_video": {"image_grid_pinpoints": [[32, 32]]},
     "llava_onevision": {"image_grid_pinpoints": [[32, 32]]},
     # feature map sizes of a 1024-pixel image at strides 4, 8 and 16: those of the tiny one instead
@@ -256,6 +260,7 @@ PIXEL_LAYOUTS: dict[str, str] = {
     "llava_next": "tiles",
     "llava_next_video": "tiles",
     "llava_onevision": "tiles",
+    "granite4_vision": "tiles",
     "efficientloftr": "pairs",  # its backbone too reads image pairs, batch x 2 x C x H x W
     # a list of images per sample whose pixel_attention_mask flags the real images (tiles), batch x 1
     "granite_docling": "flagged-images",

@@ -88,6 +88,7 @@ KINDS = {
     "Qwen3ASRForConditionalGeneration": "text+audio",  # fewer frames than mel bins: the mask counts frames
     "Nemotron3_5TranscribeForConditionalGeneration": "text+audio",  # bins from the speech encoder's config
     "KyutaiSpeechToTextForConditionalGeneration": "text",  # a text stream beside one stream per audio codebook
+    "Granite4VisionForConditionalGeneration": "text+image",  # image features injected into text layers, counted
 }
 
 
