@@ -203,7 +203,9 @@ def _input_features(context: Context) -> torch.Tensor:
     features = _audio_features(context, config, bins)
     if features is not None and features.dim() == 3:
         multiple = AUDIO_FRAME_MULTIPLES.get(context.config.model_type, 1)
-        features = features.narrow(context.frame_axis, 0, features.shape[context.frame_axis] // multiple * multiple)
+        frames = features.shape[context.frame_axis] // multiple * multiple
+        if frames != features.shape[context.frame_axis]:  # a copy: a view would bring its base's size to the trace
+            features = features.narrow(context.frame_axis, 0, frames).clone()
     return features
 
 
