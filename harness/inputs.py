@@ -17,7 +17,14 @@ from typing import Any, Callable
 
 import torch
 
-from .tables import AUDIO_FRAME_MULTIPLES, AUDIO_FRAMES_PER_TOKEN, FEATURE_EXTRACTOR_OVERRIDES, MAIN_INPUTS, PIXEL_LAYOUTS
+from .tables import (
+    AUDIO_FRAME_MULTIPLES,
+    AUDIO_FRAMES_PER_TOKEN,
+    FEATURE_EXTRACTOR_OVERRIDES,
+    MAIN_INPUTS,
+    PIXEL_LAYOUTS,
+    RAW_AUDIO_CHANNELS,
+)
 from .tiny import IMAGE, PATCH, SPECIAL_FLOOR, special_token_ids, text_vocab
 
 # The two input sets: "A" is exported with, "B" (another batch and length) runs dynamic exports.
@@ -426,7 +433,7 @@ _MONO_CODEC = re.compile(r"input_values \(`torch\.\w+` of shape `\(batch_size, 1
 def _raw_audio(context: Context) -> torch.Tensor:
     """Audio codecs take (batch, channels, samples); speech encoders take (batch, samples). A codec without an
     ``audio_channels`` setting says its layout in the forward docstring: ``(batch_size, 1, time_steps)``."""
-    channels = getattr(context.config, "audio_channels", None)
+    channels = getattr(context.config, "audio_channels", None) or RAW_AUDIO_CHANNELS.get(context.config.model_type)
     if channels is None and _MONO_CODEC.search(type(context.model).forward.__doc__ or ""):
         channels = 1
     audio = context.randn(context.batch, AUDIO_SAMPLES[context.label]) * 0.1
@@ -533,6 +540,8 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     "input_features": _input_features,
     "input_values": _input_values,
     "codebook_idx": lambda context: 1,  # which codebook a fine acoustic model predicts: a constant
+    # a model that samples its audio latents unless told not to (VibeVoice's VAE): eager and export take the mean
+    "sample": lambda context: False if context.parameters["sample"].default is True else None,
     "bbox": _bbox,
     "past_values": _past_values,
 }
@@ -542,7 +551,7 @@ _ALWAYS = ("attention_mask", "token_type_ids", "decoder_input_ids", "pixel_value
            "visual_feats", "visual_pos", "image_attention_mask", "global_attention_mask", "target_sizes", "grid_thw",
            "input_features", "decoder_input_values",
            "thinker_reply_part", "input_text_ids", "flattened_patches", "image_embeds_position_mask", "image_grid_hw",
-           "high_res_pixel_values", *_TRAJECTORY, *_ENTITIES)
+           "high_res_pixel_values", "sample", *_TRAJECTORY, *_ENTITIES)
 
 
 def _parameters(model) -> dict[str, inspect.Parameter]:
@@ -579,7 +588,9 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
         value = rule(context)
         if value is not None:
             inputs[name] = value
-    for modality, feature_input in (("image", "pixel_values"), ("audio", "input_features")):
+    # audio language models read mel features, or raw samples when that is all their forward takes (VibeVoice ASR)
+    audio_input = "input_values" if "input_values" in parameters and "input_features" not in parameters else "input_features"
+    for modality, feature_input in (("image", "pixel_values"), ("audio", audio_input)):
         placeholder = _placeholder_token(model.config, modality)
         tower = "vision_config" if modality == "image" else "audio_config"
         if placeholder is None or "input_ids" not in inputs or _configured_away(model.config, tower):
@@ -593,7 +604,7 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
                         inputs[name] = _feature_mask(context)
             continue
         if feature_input not in inputs and feature_input in parameters and modality == "audio":
-            inputs[feature_input] = _input_features(context)  # audio language models: sound next to the text
+            inputs[feature_input] = _RULES[feature_input](context)  # audio language models: sound next to the text
         if feature_input in inputs:
             _place_placeholders(context, inputs, modality)
     if "position_ids" in parameters and "input_ids" in inputs:

@@ -251,6 +251,12 @@ AUDIO_FRAME_MULTIPLES: dict[str, int] = {
     "nemo_speechlm": 8,  # its encoder subsamples by 8 (subsampling_factor) and asks for whole steps
 }
 
+# model type -> channels of its raw audio, where neither its config nor its forward docstring says (the layout is
+# then batch x channels x samples)
+RAW_AUDIO_CHANNELS: dict[str, int] = {
+    "vibevoice_asr": 1,  # its tokenizers convolve (batch, 1, samples); its docstring says (batch, samples)
+}
+
 # model type -> how it takes pixels, where its forward signature does not say: "patches" (flattened patches,
 # batch x patches x C*P*P) or "images" (a list of images per sample, batch x 1 x C x H x W, with a pixel mask).
 PIXEL_LAYOUTS: dict[str, str] = {

@@ -89,6 +89,7 @@ KINDS = {
     "Nemotron3_5TranscribeForConditionalGeneration": "text+audio",  # bins from the speech encoder's config
     "KyutaiSpeechToTextForConditionalGeneration": "text",  # a text stream beside one stream per audio codebook
     "Granite4VisionForConditionalGeneration": "text+image",  # image features injected into text layers, counted
+    "VibeVoiceAsrForConditionalGeneration": "text+audio",  # raw mono samples beside the text; latents not sampled
 }
 
 
