@@ -175,6 +175,10 @@ TINY_OVERRIDES: dict[str, dict] = {
     "sam2_video": {"prompt_encoder_config.patch_size": 16},
     # the codec's channels double at each of its four downsampling stages: start narrow (5.7 M weights at 32)
     "mimi": {"num_filters": 4},
+    # and VibeVoice's tokenizers' at each of six (86 M weights each at 32)
+    "vibevoice_acoustic_tokenizer": {"num_filters": 2},
+    "vibevoice_acoustic_tokenizer_encoder": {"num_filters": 2},
+    "vibevoice_acoustic_tokenizer_decoder": {"num_filters": 2},
     # SAM 3's ViT grid (a 32-pixel image in 8-pixel patches) scaled by 4, 2 and 1
     "sam3_vision_model": {"backbone_feature_sizes": [[16, 16], [8, 8], [4, 4]]},
     "sam2_hiera_det_model": {key.removeprefix("backbone_config."): value for key, value in _HIERA_STAGES.items()
