@@ -214,14 +214,15 @@ def test_executorch_attention_output_gets_one_layout(tiny):
 @pytest.mark.parametrize("backend", ["dynamo", "onnx"])
 def test_packed_images_attend_through_one_masked_sdpa(tiny, backend, monkeypatch):
     model = tiny("Qwen2VisionTransformerPretrainedModel")
-    exported = _export(model, backend)
+    exported = _export(model, backend, dynamic=True)  # the image grid traced, not baked in
     assert "segmented_attention" in exported.applied
     assert_parity(exported(**model.inputs["A"]), model.expected["A"], TOLERANCE[backend])
     assert model.model.config._attn_implementation != exporters.exporter_dynamo.SEGMENTED_ATTENTION, "restored"
-    # without it the tower splits its sequence by sizes read from tensor values
+    # without it the tower splits its sequence by sizes read from the traced grid's values (a static export bakes
+    # the grid in, and its sizes are numbers)
     monkeypatch.setattr(exporters.exporter_dynamo, "segmented_attention", lambda model, fired: contextlib.nullcontext())
     with pytest.raises(exporters.ExportError, match="data-dependent") as failure:
-        _export(model, backend)
+        _export(model, backend, dynamic=True)
     assert failure.value.stage == "torch-export"
 
 
