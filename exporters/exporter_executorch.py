@@ -136,7 +136,8 @@ def _operators_without_kernels(program: bytes) -> list[str]:
     from executorch.exir._serialize._program import deserialize_pte_binary
     from executorch.extension.pybindings.portable_lib import _get_operator_names
 
-    plan = getattr(deserialize_pte_binary(program), "program", None) or deserialize_pte_binary(program)
+    deserialized = deserialize_pte_binary(program)
+    plan = getattr(deserialized, "program", deserialized)  # newer releases wrap the program with its segments
     called = {f"{op.name}.{op.overload}" if op.overload else op.name for op in plan.execution_plan[0].operators}
     return sorted(called - set(_get_operator_names()))
 
@@ -582,8 +583,8 @@ def _fix_negative_padding_as_slice(graph_module, node) -> bool:
         before, after = pad[index], pad[index + 1]
         if before < 0 or after < 0:
             dim = -(index // 2) - 1
-            cropped = _call_after(graph_module.graph, cropped, torch.ops.aten.slice.Tensor, dim, max(-before, 0),
-                                  after if after < 0 else sys.maxsize, after=cropped)
+            cropped = _call_after(graph_module.graph, cropped, aten.slice.Tensor, dim, max(-before, 0),
+                                  after if after < 0 else sys.maxsize)
     node.target, node.kwargs = aten.constant_pad_nd.default, {}
     node.args = (cropped, [max(amount, 0) for amount in pad], *value)
     return True
@@ -641,12 +642,8 @@ def _fix_sort_as_topk(graph_module, node) -> bool:
         node.target, node.args, node.kwargs = aten.topk.default, topk_args, {}
         return True
     graph = graph_module.graph
-    with graph.inserting_before(node):
-        topk = graph.call_function(aten.topk.default, topk_args)
-        indices = graph.call_function(operator.getitem, (topk, 1))
-    topk.meta["val"] = aten.topk.default(*(arg.meta["val"] if arg is source else arg for arg in topk_args))
-    indices.meta["val"] = topk.meta["val"][1]
-    node.replace_all_uses_with(indices)
+    topk = _call_after(graph, source, aten.topk.default, *topk_args[1:], after=node.prev)
+    node.replace_all_uses_with(_call_after(graph, topk, operator.getitem, 1))
     graph.erase_node(node)
     return True
 
