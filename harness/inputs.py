@@ -291,7 +291,7 @@ def _input_ids(context: Context) -> torch.Tensor:
     codebooks = getattr(context.config, "num_codebooks", None)
     codes = getattr(context.config, "codebook_vocab_size", None)
     if isinstance(codes, int) and isinstance(codebooks, int):
-        # Kyutai speech-to-text: the text stream beside one audio-code stream per codebook, (batch, length, 1 + codebooks)
+        # Kyutai speech-to-text: a text stream and one audio-code stream per codebook, (batch, length, 1 + codebooks)
         audio = torch.randint(0, min(codes, SPECIAL_FLOOR), (context.batch, context.length, codebooks),
                               generator=context.generator)
         return torch.cat([context.tokens()[..., None], audio], dim=-1)
@@ -549,9 +549,8 @@ _RULES: dict[str, Callable[[Context], Any]] = {
 # Filled whenever the forward takes them, required or not: callers pass them, and they switch on code paths.
 _ALWAYS = ("attention_mask", "token_type_ids", "decoder_input_ids", "pixel_values", "bbox", "noise", "lang_ids",
            "visual_feats", "visual_pos", "image_attention_mask", "global_attention_mask", "target_sizes", "grid_thw",
-           "input_features", "decoder_input_values",
-           "thinker_reply_part", "input_text_ids", "flattened_patches", "image_embeds_position_mask", "image_grid_hw",
-           "high_res_pixel_values", "sample", *_TRAJECTORY, *_ENTITIES)
+           "input_features", "decoder_input_values", "thinker_reply_part", "input_text_ids", "flattened_patches",
+           "image_embeds_position_mask", "image_grid_hw", "high_res_pixel_values", "sample", *_TRAJECTORY, *_ENTITIES)
 
 
 def _parameters(model) -> dict[str, inspect.Parameter]:
@@ -589,7 +588,8 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
         if value is not None:
             inputs[name] = value
     # audio language models read mel features, or raw samples when that is all their forward takes (VibeVoice ASR)
-    audio_input = "input_values" if "input_values" in parameters and "input_features" not in parameters else "input_features"
+    raw_audio_only = "input_values" in parameters and "input_features" not in parameters
+    audio_input = "input_values" if raw_audio_only else "input_features"
     for modality, feature_input in (("image", "pixel_values"), ("audio", audio_input)):
         placeholder = _placeholder_token(model.config, modality)
         tower = "vision_config" if modality == "image" else "audio_config"
@@ -597,7 +597,7 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
             continue
         if not _features_owner(model, modality):
             if modality == "audio" and feature_input in parameters:  # one placeholder the model expands (Qwen2-Audio)
-                inputs[feature_input] = _input_features(context)
+                inputs[feature_input] = _RULES[feature_input](context)
                 inputs["input_ids"][:, 0] = placeholder
                 for name in ("feature_attention_mask", "input_features_mask"):
                     if name in parameters:
