@@ -613,9 +613,12 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
     if type(model).__name__.endswith("ForSequenceClassification") and isinstance(eos, int) and "input_ids" in inputs:
         inputs["input_ids"][:, -1] = eos  # encoder-decoder classifiers pool the hidden state at <eos>
     if type(model).__name__.endswith("ForMultipleChoice"):  # every sample is NUM_CHOICES sequences
-        for name in ("input_ids", "attention_mask", "token_type_ids", "global_attention_mask"):
+        for name in ("input_ids", "attention_mask", "token_type_ids", "global_attention_mask", *_ENTITIES):
             if name in inputs:
-                inputs[name] = inputs[name].unsqueeze(1).expand(-1, NUM_CHOICES, -1).contiguous()
+                value = inputs[name]
+                inputs[name] = value.unsqueeze(1).expand(-1, NUM_CHOICES, *value.shape[1:]).contiguous()
+        if "lang_ids" in inputs:  # X-MOD's choice head repeats one language id over every sequence
+            inputs["lang_ids"] = inputs["lang_ids"][:1]
     _vision_precomputed(model, inputs)
     modalities = [MODALITY_INPUTS[name] for name in inputs if name in MODALITY_INPUTS]
     if context.label_hint == "video":

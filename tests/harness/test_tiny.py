@@ -90,6 +90,8 @@ KINDS = {
     "KyutaiSpeechToTextForConditionalGeneration": "text",  # a text stream beside one stream per audio codebook
     "Granite4VisionForConditionalGeneration": "text+image",  # image features injected into text layers, counted
     "VibeVoiceAsrForConditionalGeneration": "text+audio",  # raw mono samples beside the text; latents not sampled
+    "LukeForMultipleChoice": "text",  # its entities repeated for every choice, as its words are
+    "XmodForMultipleChoice": "text",  # one language id, which its choice head repeats over every sequence
 }
 
 
