@@ -63,11 +63,12 @@ class Context:
     frame_axis: int = -1  # the axis of the audio features that counts frames (the other counts mel bins)
 
     def sub(self, *names):
-        """The first sub-config of ``names`` the config has, else the config itself."""
-        for name in names:
-            value = getattr(self.config, name, None)
-            if value is not None and not isinstance(value, (int, str, dict)):
-                return value
+        """The first sub-config of ``names`` the config has (or the VLM a retriever wraps), else the config itself."""
+        for config in (self.config, getattr(self.config, "vlm_config", None)):
+            for name in names:
+                value = getattr(config, name, None)
+                if value is not None and not isinstance(value, (int, str, dict)):
+                    return value
         return self.config
 
     def get(self, key, default=None, *sub_names):
@@ -766,10 +767,11 @@ def unfed_modalities(model, inputs: dict) -> list[str]:
 
 
 def _placeholder_token(config, modality: str) -> int | None:
-    for key in (f"{modality}_token_id", f"{modality}_token_index"):
-        value = getattr(config, key, None)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
+    for owner in (config, getattr(config, "vlm_config", None)):  # retrievers (ColPali) wrap a whole VLM
+        for key in (f"{modality}_token_id", f"{modality}_token_index"):
+            value = getattr(owner, key, None)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
     return None
 
 
@@ -805,7 +807,8 @@ def _features_owner(model, modality: str):
     """``get_<modality>_features`` of the model, or of its inner ``model`` or encoder when the outer one forwards
     what its signature does not name (``*args``, or fewer parameters than the inner one requires)."""
     method = f"get_{modality}_features"
-    owners = (model, getattr(model, "model", None), _encoder_of(model))  # the encoder: T5Gemma 2's classifiers
+    # the encoder: T5Gemma 2's classifiers; the wrapped VLM: retrievers (ColPali)
+    owners = (model, getattr(model, "model", None), _encoder_of(model), getattr(model, "vlm", None))
     found = [getattr(owner, method) for owner in owners if hasattr(owner, method)]
 
     def named(candidate) -> int:

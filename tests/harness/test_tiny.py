@@ -92,6 +92,7 @@ KINDS = {
     "VibeVoiceAsrForConditionalGeneration": "text+audio",  # raw mono samples beside the text; latents not sampled
     "LukeForMultipleChoice": "text",  # its entities repeated for every choice, as its words are
     "XmodForMultipleChoice": "text",  # one language id, which its choice head repeats over every sequence
+    "ColPaliForRetrieval": "text+image",  # image placeholders and features of the VLM it wraps
 }
 
 
