@@ -120,6 +120,9 @@ TINY_OVERRIDES: dict[str, dict] = {
     "molmo2": {"adapter_config.vision_feature_layer": [-1, -2]},
     # image_size / num_windows must be divisible by sqrt(num_windows)
     "lw_detr_vit": {"num_windows": 4},
+    # the backbone's features reach the decoder through one projector per scale, which checkpoints list (none by
+    # default): one, at the backbone's own scale
+    "lw_detr": {"projector_scale_factors": [1.0]},
     # no layer_types and no full_attn_idxs by default: the model cannot tell its layers apart
     "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
     # each stage indexes its own drop-path list by stage number: the last stage needs 3 blocks

@@ -93,6 +93,7 @@ KINDS = {
     "LukeForMultipleChoice": "text",  # its entities repeated for every choice, as its words are
     "XmodForMultipleChoice": "text",  # one language id, which its choice head repeats over every sequence
     "ColPaliForRetrieval": "text+image",  # image placeholders and features of the VLM it wraps
+    "LwDetrForObjectDetection": "image",  # one feature projector, which only checkpoints list
 }
 
 
