@@ -163,12 +163,12 @@ TINY_OVERRIDES: dict[str, dict] = {
                                                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
     # any-resolution models tile an image on a grid of pinpoints: one tile the size of the tiny image
     "llava_next": {"image_grid_pinpoints": [[32, 32]]},
+    "llava_next_video": {"image_grid_pinpoints": [[32, 32]]},
+    "llava_onevision": {"image_grid_pinpoints": [[32, 32]]},
     # also: its Q-Former has one head per 64 vision channels; checkpoints name the window downsampling and the
     # vision layers injected into text layers (layers a two-layer model has)
     "granite4_vision": {"image_grid_pinpoints": [[32, 32]], "vision_config.hidden_size": 64, "downsample_rate": "1/2",
                         "deepstack_layer_map": [[-1, 0], [-2, 1]], "spatial_target_layers": [0, 1, 0, 1]},
-    "llava_next_video": {"image_grid_pinpoints": [[32, 32]]},
-    "llava_onevision": {"image_grid_pinpoints": [[32, 32]]},
     # feature map sizes of a 1024-pixel image at strides 4, 8 and 16: those of the tiny one instead
     # and Hiera pools the skip connection only where the width changes: the stage widths must keep doubling,
     # and the neck reads them in reverse
