@@ -280,6 +280,11 @@ def _noise(context: Context) -> torch.Tensor:
     """Models that mask at random (ViTMAE) take their noise as an input, so eager and export draw the same."""
     vision = context.sub("vision_config")
     _channels, height, width = _image_shape(context)
+    units = getattr(vision, "masked_unit_size", None)
+    if units:  # Hiera masks units of tokens, not patches
+        (stride_y, stride_x), (unit_y, unit_x) = vision.patch_stride, units
+        return torch.rand(context.batch, (height // stride_y // unit_y) * (width // stride_x // unit_x),
+                          generator=context.generator)
     patch = getattr(vision, "patch_size", 16)
     patch = patch if isinstance(patch, int) else patch[0]
     return torch.rand(context.batch, (height // patch) * (width // patch), generator=context.generator)
@@ -414,6 +419,32 @@ def _global_attention_mask(context: Context) -> torch.Tensor | None:
     return mask
 
 
+def _bool_masked_pos(context: Context) -> torch.Tensor | None:
+    """Masked-video pre-training (VideoMAE): which patches the decoder reconstructs, half of them, the same count in
+    every sample as the model requires."""
+    pixels = context.inputs_so_far.get("pixel_values")
+    if pixels is None:
+        return None
+    patch = context.get("patch_size", PATCH)
+    patches = (pixels.shape[-2] // patch) * (pixels.shape[-1] // patch)
+    if pixels.dim() == 5:  # (batch, frames, C, H, W), frames grouped in tubelets
+        patches *= pixels.shape[1] // context.get("tubelet_size", 1)
+    order = torch.rand(pixels.shape[0], patches, generator=context.generator).argsort(dim=1)
+    return order < patches // 2
+
+
+def _question_positions(context: Context) -> torch.Tensor | None:
+    """Splinter pre-training: where its question tokens stand, two per sample (found from the ids, their count would
+    be data). Its question-answering head finds its one question itself (given several, it adds the text mask to
+    their logits with mismatched shapes)."""
+    ids, question = context.inputs_so_far.get("input_ids"), context.get("question_token_id")
+    if ids is None or question is None or not type(context.model).__name__.endswith("ForPreTraining"):
+        return None
+    positions = torch.tensor([[1, 2]]).repeat(ids.shape[0], 1)
+    ids[:, 1:3] = question
+    return positions
+
+
 def _chunk_sample_lengths(context: Context) -> torch.Tensor | None:
     """dots.3 note: the waveform samples behind each chunk of mel frames (hop_length per frame), all of them real."""
     features = context.inputs_so_far.get("input_features")
@@ -525,6 +556,8 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     "decoder_input_values": lambda context: context.randn(context.batch, 4, context.get("num_mel_bins", 80)),
     "global_attention_mask": _global_attention_mask,
     "noise": _noise,
+    "bool_masked_pos": _bool_masked_pos,
+    "question_positions": _question_positions,
     "image_attention_mask": lambda context: torch.ones(*context.inputs_so_far["input_ids"].shape[:2], 1, dtype=torch.long)
     if "input_ids" in context.inputs_so_far else None,
     "lang_ids": lambda context: torch.zeros(context.batch, dtype=torch.long),
@@ -551,7 +584,8 @@ _RULES: dict[str, Callable[[Context], Any]] = {
 _ALWAYS = ("attention_mask", "token_type_ids", "decoder_input_ids", "pixel_values", "bbox", "noise", "lang_ids",
            "visual_feats", "visual_pos", "image_attention_mask", "global_attention_mask", "target_sizes", "grid_thw",
            "input_features", "decoder_input_values", "thinker_reply_part", "input_text_ids", "flattened_patches",
-           "image_embeds_position_mask", "image_grid_hw", "high_res_pixel_values", "sample", *_TRAJECTORY, *_ENTITIES)
+           "image_embeds_position_mask", "image_grid_hw", "high_res_pixel_values", "sample", "question_positions",
+           *_TRAJECTORY, *_ENTITIES)
 
 
 def _parameters(model) -> dict[str, inspect.Parameter]:

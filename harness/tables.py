@@ -238,6 +238,16 @@ TINY_OVERRIDES: dict[str, dict] = {
                        "num_attention_heads": 8, "num_key_value_heads": 8,
                        # fine matching slices this many channels off the finest (8-wide) features
                        "fine_matching_slice_dim": 4},
+    # the segmentation head reads four layers' features (checkpoints: [3, 5, 7, 11]); the default lists the last only
+    "beit": {"num_hidden_layers": 4, "out_indices": [1, 2, 3, 4]},
+    # the layout embedding is six position embeddings of hidden_size // 6 each, which must add up to hidden_size
+    # and divide by channel_shrink_ratio (4)
+    "lilt": {"hidden_size": 48},
+    # the pre-training decoder is sized by checkpoints only (defaults None); it masks whole 8x8-token units, of
+    # which a 32-pixel image (8x8 tokens) has one: the mask ratio would leave nothing visible
+    "hiera": {"decoder_hidden_size": 32, "decoder_depth": 1, "decoder_num_heads": 1, "image_size": [64, 64]},
+    # the mask branch reads the backbone's first-stage features, whose width it assumes (128)
+    "pp_doclayout_v3": {"x4_feat_dim": 32},
 }
 
 # model type -> feature extractor class, where the auto mapping names one that does not make this model's inputs.

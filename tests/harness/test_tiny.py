@@ -94,6 +94,12 @@ KINDS = {
     "XmodForMultipleChoice": "text",  # one language id, which its choice head repeats over every sequence
     "ColPaliForRetrieval": "text+image",  # image placeholders and features of the VLM it wraps
     "LwDetrForObjectDetection": "image",  # one feature projector, which only checkpoints list
+    "BeitForSemanticSegmentation": "image",  # four layers' features for its segmentation head
+    "LiltForQuestionAnswering": "text",  # six layout embeddings that add up to its width
+    "HieraForPreTraining": "image",  # noise per mask unit, and units enough that some stay visible
+    "PPDocLayoutV3ForObjectDetection": "image",  # its mask branch at the backbone's first-stage width
+    "VideoMAEForPreTraining": "video",  # which patches to reconstruct, as many in every sample
+    "SplinterForPreTraining": "text",  # where its questions stand
 }
 
 
