@@ -198,14 +198,25 @@ def flat_forward(model: torch.nn.Module, names: list[str], constants: dict[str, 
 # ExecuTorch exporters trace through this stage too, so a fix here serves all three backends.
 
 
-@register_patch("dynamo", "transformers.models.nllb_moe.modeling_nllb_moe.NllbMoeTop2Router._cast_classifier")
-def _patch_nllb_moe_classifier_cast(_original):
-    """NLLB-MoE's router re-casts its classifier weights in forward (a module mutation torch.export cannot trace)."""
+@register_patch("dynamo", "torch.nn.Module.to", reports=True)
+def _patch_module_cast_to_its_own_dtype(original):
+    """MoE routers cast their classifier in forward (`self.classifier = self.classifier.to(self.dtype)`: Switch
+    Transformers, NLLB-MoE). Under export `Module._apply` cannot swap the traced weights ("Couldn't swap"); a cast
+    to the dtype and device every weight already has changes nothing, so it is the module itself."""
 
-    def skip_cast(self, *args, **kwargs):
-        return None
+    def to(self, *args, **kwargs):
+        device, dtype, _non_blocking, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+        unchanged = memory_format is None and all(
+            (dtype is None or tensor.dtype == dtype or not tensor.is_floating_point())
+            and (device is None or tensor.device == device)
+            for tensor in (*self.parameters(), *self.buffers())
+        )
+        if not unchanged:
+            return original(self, *args, **kwargs)
+        report_applied()
+        return self
 
-    return skip_cast
+    return to
 
 
 @register_patch("dynamo", "transformers.integrations.moe.ExpertsInterface.get_interface", reports=True)
@@ -261,6 +272,22 @@ def _patch_nllb_moe_experts_dense(_original):
         scale = 1 - self.moe_token_dropout if self.moe_token_dropout > 0 and not self.training else 1.0
         experts = [lambda x, i=i: self[f"expert_{i}"](x) * scale for i in range(self.num_experts)]
         return _every_expert(hidden_states, router_mask, router_probs, experts)
+
+    return forward
+
+
+@register_patch(
+    "dynamo", "transformers.models.switch_transformers.modeling_switch_transformers.SwitchTransformersExperts.forward"
+)
+def _patch_switch_transformers_experts_dense(_original):
+    """Switch Transformers' experts, every one on every token (`_every_expert`). Its router hands over a one-hot
+    expert mask per token (all zeros past an expert's capacity) and one routing weight per token."""
+
+    def forward(self, hidden_states, selected_experts, routing_weights):
+        mask = selected_experts[:, 0, :].to(routing_weights.dtype)
+        chosen = torch.arange(self.num_experts, device=mask.device).expand_as(mask)
+        experts = [self[f"expert_{index}"] for index in range(self.num_experts)]
+        return _every_expert(hidden_states, chosen, mask * routing_weights, experts)
 
     return forward
 

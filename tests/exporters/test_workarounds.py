@@ -20,30 +20,29 @@ def test_nllb_moe_exports_through_dynamo_with_its_patches(tiny):
     from transformers.models.nllb_moe import modeling_nllb_moe
 
     router = modeling_nllb_moe.NllbMoeTop2Router
-    original_cast = router._cast_classifier
+    original_to, original_forward = torch.nn.Module.to, router.forward
     seen_during_export = []
-    original_forward = router.forward
+    model = tiny("NllbMoeForConditionalGeneration")
 
     def spying_forward(self, *args, **kwargs):
-        seen_during_export.append(router._cast_classifier is not original_cast)
+        seen_during_export.append(torch.nn.Module.to is not original_to)
         return original_forward(self, *args, **kwargs)
 
-    model = tiny("NllbMoeForConditionalGeneration")
     router.forward = spying_forward
     try:
         exported = _export(model, "dynamo", dynamic=True)
     finally:
         router.forward = original_forward
     assert seen_during_export and all(seen_during_export), "the cast patch is active while the model is traced"
-    assert router._cast_classifier is original_cast, "and gone after"
-    assert {"_patch_nllb_moe_classifier_cast", "_patch_nllb_moe_experts_dense"} <= set(exported.applied)
+    assert torch.nn.Module.to is original_to, "and gone after"
+    assert {"_patch_module_cast_to_its_own_dtype", "_patch_nllb_moe_experts_dense"} <= set(exported.applied)
     assert_parity(exported(**model.inputs["A"]), model.expected["A"], TOLERANCE["dynamo"])
     assert_parity(exported(**model.inputs["B"]), model.expected["B"], TOLERANCE["dynamo"])
 
 
 @pytest.mark.parametrize(
     "workaround, error",
-    [("_patch_nllb_moe_classifier_cast", "Couldn't swap"), ("_patch_nllb_moe_experts_dense", "data-dependent")],
+    [("_patch_module_cast_to_its_own_dtype", "Couldn't swap"), ("_patch_nllb_moe_experts_dense", "data-dependent")],
 )
 def test_nllb_moe_fails_without_each_patch(tiny, workaround, error):
     with disabled_workarounds(workaround), pytest.raises(exporters.DynamoExportError, match=error) as failure:
@@ -264,6 +263,8 @@ CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaroun
     ("Gemma3ForSequenceClassification", "onnx", "_patch_mask_by_broadcast", "vmapped"),  # bidirectional images
     ("LongcatFlashModel", "dynamo", "_patch_longcat_flash_experts_dense", "data-dependent"),
     ("DbrxForCausalLM", "dynamo", "_patch_dbrx_experts_dense", "data-dependent"),
+    ("SwitchTransformersForConditionalGeneration", "dynamo", "_patch_switch_transformers_experts_dense", "data-dep"),
+    ("SwitchTransformersForConditionalGeneration", "dynamo", "_patch_module_cast_to_its_own_dtype", "Couldn't swap"),
     ("Wav2Vec2ForXVector", "executorch", "_patch_xvector_masked_statistics", "data-dependent"),  # slice to length
     ("Llama4VisionModel", "executorch", "_patch_llama4_vision_rotary_as_pairs", "complex"),
     ("FNetForMaskedLM", "executorch", "_patch_fnet_fourier_as_matmul", "_fft_c2c.default is not in Core ATen"),
