@@ -49,6 +49,10 @@ _HIERA_STAGES = {"backbone_config.hidden_size": 8, "backbone_config.embed_dim_pe
 
 _DIGITS_AS_LETTERS = str.maketrans("0123456789", "ABCDEFGHIJ")  # Chameleon's image-token names spell codes so
 
+# D-FINE-style detectors at the default init scale: the features fade (to 1e-14) through the backbone and hybrid
+# encoder, so query selection ranks tied scores, whose order every runtime breaks its own way
+_DETR_SIGNAL = {"initializer_range": 0.2, "backbone_config.initializer_range": 0.2}
+
 _QWEN4_INDEXER = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8,
                   "indexer_compress_ratio": 4}
 
@@ -200,7 +204,10 @@ TINY_OVERRIDES: dict[str, dict] = {
     # five vision layers' features are concatenated, picked down to layer -11: five that a 2-layer tower has
     "vipllava": {"vision_feature_layers": [-2, -3, 0, 1, 2]},
     # per-class detection thresholds and reading order ship with checkpoints (None by default): one per tiny label
-    "pp_doclayout_v2": {"class_thresholds": [0.5, 0.5], "class_order": [0, 1]},
+    "pp_doclayout_v2": {"class_thresholds": [0.5, 0.5], "class_order": [0, 1], **_DETR_SIGNAL},
+    "d_fine": _DETR_SIGNAL,
+    "deimv2": _DETR_SIGNAL,
+    "pp_doclayout_v4": _DETR_SIGNAL,
     # the quantizer reads the concatenated acoustic and semantic states: its width is their sum
     "neucodec": {"quantization_dim": 64},
     # the text config alone lacks the initializer_range its weight init reads (the composite config carries it)
@@ -247,7 +254,7 @@ TINY_OVERRIDES: dict[str, dict] = {
     # which a 32-pixel image (8x8 tokens) has one: the mask ratio would leave nothing visible
     "hiera": {"decoder_hidden_size": 32, "decoder_depth": 1, "decoder_num_heads": 1, "image_size": [64, 64]},
     # the mask branch reads the backbone's first-stage features, whose width it assumes (128)
-    "pp_doclayout_v3": {"x4_feat_dim": 32},
+    "pp_doclayout_v3": {"x4_feat_dim": 32, **_DETR_SIGNAL},
 }
 
 # model type -> feature extractor class, where the auto mapping names one that does not make this model's inputs.

@@ -196,3 +196,15 @@ def test_vision_grid_helpers_are_fed_as_the_model_computes_them(name, precompute
     computed_inside = context._forward({k: v for k, v in inputs.items() if k not in precomputed})
     for output, value in context.expected["A"].items():
         assert torch.equal(computed_inside[output], value), output
+
+
+@pytest.mark.parametrize("name", ["DFineForObjectDetection", "PPDocLayoutV4ForObjectDetection"])
+def test_detection_queries_are_picked_from_scores_without_ties(name):
+    """D-FINE-style detectors keep their top-scoring anchors as queries: tied scores would be ranked in an order
+    each runtime breaks its own way (the tiny model's features must not fade to nothing)."""
+    context = ClassContext(select(name)[0]).prepare()
+    assert context.ok, context.stages[-1].message
+    with torch.no_grad():
+        scores = context.model(**context.inputs["A"]).enc_outputs_class.max(-1).values
+    ranked = scores.sort(dim=-1, descending=True).values
+    assert (ranked[:, :-1] - ranked[:, 1:]).min() > 1e-5
