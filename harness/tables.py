@@ -206,6 +206,9 @@ TINY_OVERRIDES: dict[str, dict] = {
     # per-class detection thresholds and reading order ship with checkpoints (None by default): one per tiny label
     "pp_doclayout_v2": {"class_thresholds": [0.5, 0.5], "class_order": [0, 1], **_DETR_SIGNAL},
     "d_fine": _DETR_SIGNAL,
+    # its depth head normalises relu'd bin logits with a 1e-8 shift: at the default init scale the logits are as
+    # small as the shift (1e-7), and the depth turns on rounding
+    "chmv2": {"initializer_range": 0.1},
     "deimv2": _DETR_SIGNAL,
     "pp_doclayout_v4": _DETR_SIGNAL,
     # the quantizer reads the concatenated acoustic and semantic states: its width is their sum

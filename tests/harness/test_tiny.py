@@ -208,3 +208,16 @@ def test_detection_queries_are_picked_from_scores_without_ties(name):
         scores = context.model(**context.inputs["A"]).enc_outputs_class.max(-1).values
     ranked = scores.sort(dim=-1, descending=True).values
     assert (ranked[:, :-1] - ranked[:, 1:]).min() > 1e-5
+
+
+def test_depth_bin_logits_stand_clear_of_the_heads_shift():
+    """CHMv2 normalises relu'd bin logits after a 1e-8 shift: logits of that size make the depth turn on rounding."""
+    context = ClassContext(select("CHMv2ForDepthEstimation")[0]).prepare()
+    assert context.ok, context.stages[-1].message
+    seen = []
+    (to_depth,) = [module for module in context.model.modules() if type(module).__name__ == "CHMv2FeaturesToDepth"]
+    hook = to_depth.register_forward_pre_hook(lambda _module, args: seen.append(args[0]))
+    with torch.no_grad():
+        context.model(**context.inputs["A"])
+    hook.remove()
+    assert seen[0].abs().median() > 1e-3
