@@ -458,6 +458,50 @@ def _patch_llava_features_as_one_image(original):
     return forward
 
 
+@register_patch("dynamo", "transformers.models.udop.modeling_udop.combine_image_text_embeddings")
+def _patch_udop_patches_as_fixed_rows(original):
+    """UDOP adds to each token the image patch under its box centre, then appends the patches no token landed on,
+    picked sample by sample with a boolean mask and zero-padded to the patch count: sizes that depend on the boxes'
+    values. Sorting the patches free ones first (each keeps its index as its key) picks the same patches in the
+    same order, and zeros the rest, at the fixed size the padding gives anyway."""
+
+    def combine(image_embeddings, inputs_embeds, bbox, visual_bbox, attention_mask=None, num_patches=14, max_len=0,
+                image_size=224, patch_size=16):
+        if max_len != 0:  # padded to another length than the patch count
+            return original(image_embeddings, inputs_embeds, bbox, visual_bbox, attention_mask, num_patches, max_len,
+                            image_size, patch_size)  # fmt: skip
+        def centre(low, high):  # the patch column (or row) of each token's box centre
+            return ((bbox[:, :, low] + bbox[:, :, high]) / 2.0 * num_patches).floor().long().clip(0, num_patches - 1)
+
+        landed = centre(0, 2) + centre(1, 3) * num_patches
+        bbox = bbox.to(torch.float32 if bbox.device.type == "mps" else torch.float64)
+        no_box = ((bbox.mean(-1) == 0.0) | (bbox.mean(-1) == 1.0))[..., None]
+        under = image_embeddings.gather(1, landed[..., None].expand(-1, -1, image_embeddings.size(-1)))
+        inputs_embeds += torch.where(no_box, torch.zeros_like(under), under)
+
+        free = torch.ones(image_embeddings.shape[:2], dtype=torch.bool, device=image_embeddings.device)
+        free = free.scatter(1, landed, False)
+        position = torch.arange(free.size(1), device=free.device)
+        order = torch.argsort(torch.where(free, position, position + free.size(1)), dim=1)  # free ones first
+        in_use = free.gather(1, order)[..., None]
+
+        def free_rows(rows):
+            picked = rows.gather(1, order[..., None].expand(-1, -1, rows.size(-1)))
+            return torch.where(in_use, picked, torch.zeros_like(picked))
+
+        if visual_bbox is None:
+            visual_bbox = get_visual_bbox(image_size=image_size, patch_size=patch_size).to(image_embeddings.device)
+            visual_bbox = visual_bbox.unsqueeze(0).repeat(image_embeddings.size(0), 1, 1)
+        inputs_embeds = torch.cat([inputs_embeds, free_rows(image_embeddings)], 1)
+        bbox = torch.cat([bbox, free_rows(visual_bbox)], 1)
+        if attention_mask is not None:
+            attention_mask = torch.cat([attention_mask, in_use[..., 0].to(attention_mask.dtype)], 1)
+        return inputs_embeds, bbox, attention_mask
+
+    get_visual_bbox = importlib.import_module(original.__module__).get_visual_bbox
+    return combine
+
+
 @register_patch("dynamo", "transformers.models.llama4.modeling_llama4.Llama4VisionRotaryEmbedding.forward")
 def _patch_llama4_vision_rotary_as_pairs(_original):
     """Llama 4's vision tower keeps its 2-D rotary table as a complex buffer. The same table as real (cos, sin)

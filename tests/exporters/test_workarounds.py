@@ -268,6 +268,7 @@ CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaroun
     ("Wav2Vec2ForXVector", "executorch", "_patch_xvector_masked_statistics", "data-dependent"),  # slice to length
     ("Llama4VisionModel", "executorch", "_patch_llama4_vision_rotary_as_pairs", "complex"),
     ("FNetForMaskedLM", "executorch", "_patch_fnet_fourier_as_matmul", "_fft_c2c.default is not in Core ATen"),
+    ("UdopForConditionalGeneration", "onnx", "_patch_udop_patches_as_fixed_rows", "data is not allocated"),
 ]
 
 
