@@ -548,6 +548,8 @@ def _segmented_sdpa(module, query, key, value, attention_mask=None, cu_seq_lens_
 
     for name in ("cu_seq_lens_k", "max_length_q", "max_length_k"):
         kwargs.pop(name, None)
+    if cu_seq_lens_q is None:  # called without boundaries (ColQwen2's text layers): one segment per sample
+        return sdpa_attention_forward(module, query, key, value, attention_mask=attention_mask, **kwargs)
     positions = torch.arange(query.shape[-2], device=query.device)
     # boundaries passed, counted against all of them: slicing off the first and last would slice a length the
     # trace does not know, which ExecuTorch's slice decomposition guards on

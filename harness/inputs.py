@@ -674,6 +674,9 @@ def _multimodal_positions(model, inputs: dict) -> None:
         return
     accepted = inspect.signature(owner.compute_3d_position_ids).parameters
     arguments = {name: value for name, value in inputs.items() if name in accepted}
+    if "mm_token_type_ids" in accepted and "mm_token_type_ids" not in arguments and "input_ids" in inputs:
+        # a retriever (ColQwen2) feeds its VLM embeddings, not these: the positions still need them
+        arguments["mm_token_type_ids"] = _token_types(model.config, inputs["input_ids"])
     for name, parameter in accepted.items():
         if name in arguments or parameter.default is not inspect.Parameter.empty or name == "self":
             continue
@@ -824,6 +827,8 @@ def _grid_pixel_values(context: Context) -> dict[str, torch.Tensor]:
         pixels = pixels.reshape(rows, channels, patch, patch)
     if layout == "batched-grid-images":
         pixels = pixels.unsqueeze(0)
+    elif layout == "padded-patches":  # each image's patches in its own row, padded to the longest
+        pixels = pixels.reshape(context.batch, rows // context.batch, -1)
     elif layout == "merged-blocks":  # each merged block of patches as a small channels-last image
         pixels = context.randn(rows // (merge * merge), merge * patch, merge * patch, channels)
         side //= merge  # and the grid counted in blocks
@@ -889,9 +894,13 @@ def _place_placeholders(context: Context, inputs: dict, modality: str) -> None:
     for name in ("attention_mask", "token_type_ids"):
         if name in inputs:
             inputs[name] = _RULES[name](context)
-    if "mm_token_type_ids" in context.parameters:  # 0 text, 1 image, 2 video: multimodal rotary positions read it
-        image = _placeholder_token(context.config, "image")
-        inputs["mm_token_type_ids"] = (inputs["input_ids"] == image).to(torch.int)
+    if "mm_token_type_ids" in context.parameters:
+        inputs["mm_token_type_ids"] = _token_types(context.config, inputs["input_ids"])
+
+
+def _token_types(config, input_ids: torch.Tensor) -> torch.Tensor:
+    """0 text, 1 image, 2 video: what multimodal rotary positions read to tell placeholders from text."""
+    return (input_ids == _placeholder_token(config, "image")).to(torch.int)
 
 
 def _takes_text(model) -> bool:

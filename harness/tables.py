@@ -295,6 +295,8 @@ PIXEL_LAYOUTS: dict[str, str] = {
     "llava_onevision": "tiles",
     "granite4_vision": "tiles",
     "efficientloftr": "pairs",  # its backbone too reads image pairs, batch x 2 x C x H x W
+    "colmodernvbert": "images",  # ModernVBert's images, whose pixel mask the wrapper's forward does not name
+    "colqwen2": "padded-patches",  # its processor pads each image's patches to a row: images x patches x C*T*P*P
     # a list of images per sample whose pixel_attention_mask flags the real images (tiles), batch x 1
     "granite_docling": "flagged-images",
     # one image cut in up to max_num_tiles tiles, batch x 1 x tiles x C x H x W; here a 1:1 image in one tile

@@ -233,7 +233,10 @@ def _built_by_the_sweep(name):
     return ClassContext(select(name)[0]).prepare()
 
 
-@pytest.mark.parametrize("name", ["Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration"])
+# and a retriever wrapping one (its positions need token types it does not take; its text layers meet the segmented
+# attention without boundaries)
+@pytest.mark.parametrize("name", ["Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
+                                  "ColQwen2ForRetrieval"])
 def test_a_qwen_vl_model_exports_with_its_rotary_positions_fed(name):
     context = _built_by_the_sweep(name)
     assert "position_ids" in context.inputs["A"]  # computed by the inputs, as a runner would (and 2.5's windows)

@@ -100,6 +100,8 @@ KINDS = {
     "PPDocLayoutV3ForObjectDetection": "image",  # its mask branch at the backbone's first-stage width
     "VideoMAEForPreTraining": "video",  # which patches to reconstruct, as many in every sample
     "SplinterForPreTraining": "text",  # where its questions stand
+    "ColQwen2ForRetrieval": "text+image",  # images padded to rows of patches; rotary positions from token types
+    "ColModernVBertForRetrieval": "text+image",  # a list of images per sample, as the VLM it wraps reads them
 }
 
 
