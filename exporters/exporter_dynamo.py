@@ -560,7 +560,15 @@ def _segmented_sdpa(module, query, key, value, attention_mask=None, cu_seq_lens_
             mask = mask & attention_mask
         else:
             mask = torch.where(mask, attention_mask, torch.finfo(query.dtype).min)
-    return sdpa_attention_forward(module, query, key, value, attention_mask=mask, **kwargs)
+    # torch's SDPA itself: transformers' wrapper decides causality on `query length > 1` first, a guard on the
+    # packed length, which is data-dependent (MiniCPM-V's merger); with a mask there is nothing to decide
+    groups = getattr(module, "num_key_value_groups", 1)
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    output = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, dropout_p=kwargs.get("dropout", 0.0), scale=kwargs.get("scaling")
+    )
+    return output.transpose(1, 2).contiguous(), None
 
 
 @contextmanager

@@ -245,6 +245,14 @@ def test_a_qwen_vl_model_exports_with_its_rotary_positions_fed(name):
     assert_parity(exported(**context.inputs["A"]), context.expected["A"], TOLERANCE["dynamo"])
 
 
+def test_packed_attention_under_a_data_dependent_length_exports():
+    """MiniCPM-V's merger packs a length read from the image sizes: the segmented attention must not guard on it."""
+    context = _built_by_the_sweep("MiniCPMV4_6ForConditionalGeneration")
+    exported = _export(context, "dynamo")
+    assert "segmented_attention" in exported.applied
+    assert_parity(exported(**context.inputs["A"]), context.expected["A"], TOLERANCE["dynamo"])
+
+
 @pytest.mark.parametrize("name, size_input, backend, error", [
     ("LlavaNextForConditionalGeneration", "image_sizes", "onnx", "data-dependent"),  # picks its tiles by them
     ("Qwen2VLForConditionalGeneration", "image_grid_thw", "executorch", "finite upper bound"),  # sizes per image
