@@ -631,12 +631,16 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
         if placeholder is None or "input_ids" not in inputs or _configured_away(model.config, tower):
             continue
         if not _features_owner(model, modality):
-            if modality == "audio" and feature_input in parameters:  # one placeholder the model expands (Qwen2-Audio)
+            if modality == "audio" and feature_input in parameters:  # Qwen2-Audio: its tower counts the tokens
                 inputs[feature_input] = _RULES[feature_input](context)
-                inputs["input_ids"][:, 0] = placeholder
                 for name in ("feature_attention_mask", "input_features_mask"):
                     if name in parameters:
                         inputs[name] = _feature_mask(context)
+                count = _audio_tokens_per_sample(model, inputs)
+                if count:  # expanded as its processor does; the one placeholder it expands itself does not trace
+                    _prepend_placeholders(context, inputs, placeholder, count)
+                else:
+                    inputs["input_ids"][:, 0] = placeholder
             continue
         if feature_input not in inputs and feature_input in parameters and modality == "audio":
             inputs[feature_input] = _RULES[feature_input](context)  # audio language models: sound next to the text
@@ -888,14 +892,29 @@ def _place_placeholders(context: Context, inputs: dict, modality: str) -> None:
                 inputs[name] = value
     with torch.no_grad():
         count = _feature_count(features(**{k: v for k, v in inputs.items() if k in accepted and k != "input_ids"}))
-    token = _placeholder_token(context.config, modality)
-    placeholders = torch.full((context.batch, count // context.batch), token, dtype=torch.long)
-    inputs["input_ids"] = torch.cat([placeholders, inputs["input_ids"]], dim=1)
-    for name in ("attention_mask", "token_type_ids"):
-        if name in inputs:
-            inputs[name] = _RULES[name](context)
+    _prepend_placeholders(context, inputs, _placeholder_token(context.config, modality), count // context.batch)
     if "mm_token_type_ids" in context.parameters:
         inputs["mm_token_type_ids"] = _token_types(context.config, inputs["input_ids"])
+
+
+def _prepend_placeholders(context: Context, inputs: dict, token: int, count: int) -> None:
+    placeholders = torch.full((context.batch, count), token, dtype=torch.long)
+    inputs["input_ids"] = torch.cat([placeholders, inputs["input_ids"]], dim=1)
+    for name in ("attention_mask", "token_type_ids"):  # as long as the text now is
+        if name in inputs:
+            inputs[name] = _RULES[name](context)
+
+
+def _audio_tokens_per_sample(model, inputs: dict) -> int | None:
+    """The audio tokens of each sample by the audio tower's own length rule, for a model without a
+    ``get_audio_features`` to count them; None when it has no rule, or the samples differ."""
+    tower = getattr(model, "audio_tower", None) or getattr(getattr(model, "model", None), "audio_tower", None)
+    mask = next((inputs[name] for name in ("feature_attention_mask", "input_features_mask") if name in inputs), None)
+    if mask is None or not hasattr(tower, "_get_feat_extract_output_lengths"):
+        return None
+    lengths = tower._get_feat_extract_output_lengths(mask.sum(-1))
+    lengths = lengths[-1] if isinstance(lengths, tuple) else lengths
+    return int(lengths[0]) if bool((lengths == lengths[0]).all()) else None
 
 
 def _token_types(config, input_ids: torch.Tensor) -> torch.Tensor:

@@ -223,3 +223,13 @@ def test_depth_bin_logits_stand_clear_of_the_heads_shift():
         context.model(**context.inputs["A"])
     hook.remove()
     assert seen[0].abs().median() > 1e-3
+
+
+def test_audio_placeholders_are_expanded_by_the_towers_length_rule():
+    """Qwen2-Audio has no get_audio_features to count with; a single placeholder it would expand itself only in
+    eager (the expansion is off under export), so the inputs carry one per audio token, as its processor makes."""
+    context = ClassContext(select("Qwen2AudioForConditionalGeneration")[0]).prepare()
+    assert context.ok, context.stages[-1].message
+    inputs, model = context.inputs["A"], context.model
+    _, tokens = model.model.audio_tower._get_feat_extract_output_lengths(inputs["feature_attention_mask"].sum(-1))
+    assert ((inputs["input_ids"] == model.config.audio_token_id).sum(-1) == tokens).all()
