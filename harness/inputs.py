@@ -890,9 +890,17 @@ def _place_placeholders(context: Context, inputs: dict, modality: str) -> None:
             value = _RULES[name](context)
             if value is not None:
                 inputs[name] = value
-    with torch.no_grad():
-        count = _feature_count(features(**{k: v for k, v in inputs.items() if k in accepted and k != "input_ids"}))
-    _prepend_placeholders(context, inputs, _placeholder_token(context.config, modality), count // context.batch)
+    needs_text = "input_ids" in accepted and accepted["input_ids"].default is inspect.Parameter.empty
+    if needs_text and modality == "audio":  # the features read the placeholders (Music Flamingo's timestamps)
+        per_sample = _audio_tokens_per_sample(context.model, inputs)
+        if per_sample is None:
+            raise InputError(f"the audio features of {type(context.model).__name__} read the placeholders, and its "
+                             "audio tower has no length rule to count them by")
+    else:
+        with torch.no_grad():
+            count = _feature_count(features(**{k: v for k, v in inputs.items() if k in accepted and k != "input_ids"}))
+        per_sample = count // context.batch
+    _prepend_placeholders(context, inputs, _placeholder_token(context.config, modality), per_sample)
     if "mm_token_type_ids" in context.parameters:
         inputs["mm_token_type_ids"] = _token_types(context.config, inputs["input_ids"])
 

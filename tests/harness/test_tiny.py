@@ -102,6 +102,7 @@ KINDS = {
     "SplinterForPreTraining": "text",  # where its questions stand
     "ColQwen2ForRetrieval": "text+image",  # images padded to rows of patches; rotary positions from token types
     "ColModernVBertForRetrieval": "text+image",  # a list of images per sample, as the VLM it wraps reads them
+    "MusicFlamingoForConditionalGeneration": "text+audio",  # its features read the placeholders: counted beforehand
 }
 
 
