@@ -235,6 +235,8 @@ def _audio_features(context: Context, config, bins: int | None) -> torch.Tensor:
             bins = bins or getattr(extractor, "feature_size", None)
             if values.dim() == 3 and values.shape[2] == bins:
                 context.frame_axis = 1  # frames first
+            elif positions and values.shape[-1] > 2 * positions:  # padded to its own 30 s chunk regardless (MOSS)
+                values = values[..., : 2 * positions].clone()
             return values.float()
     reader = _first_layer(context.model)
     if isinstance(reader, torch.nn.Linear):  # stacked frames into a linear layer (Granite Speech): frames first
@@ -445,6 +447,18 @@ def _question_positions(context: Context) -> torch.Tensor | None:
     return positions
 
 
+def _padding_mask(context: Context) -> torch.Tensor | None:
+    """Which raw-audio samples are real, all of them: (batch, samples) of the waveform, or of the mel frames'
+    waveform (hop_length samples a frame) when the model reads features (MOSS maps its audio chunks by it)."""
+    waveform, features = context.inputs_so_far.get("input_values"), context.inputs_so_far.get("input_features")
+    if waveform is not None:
+        return torch.ones(waveform.shape[0], waveform.shape[-1], dtype=torch.long)
+    if features is None:
+        return None
+    hop = context.get("hop_length", 160, "audio_config")
+    return torch.ones(features.shape[0], features.shape[-1] * hop, dtype=torch.long)
+
+
 def _chunk_sample_lengths(context: Context) -> torch.Tensor | None:
     """dots.3 note: the waveform samples behind each chunk of mel frames (hop_length per frame), all of them real."""
     features = context.inputs_so_far.get("input_features")
@@ -552,6 +566,7 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     "speaker_embeddings": lambda context: context.randn(context.batch, context.get("speaker_embedding_dim", 512)),
     "input_features_mask": lambda context: _feature_mask(context),
     "chunk_sample_lengths": _chunk_sample_lengths,
+    "padding_mask": _padding_mask,
     "feature_attention_mask": lambda context: _feature_mask(context),
     "decoder_input_values": lambda context: context.randn(context.batch, 4, context.get("num_mel_bins", 80)),
     "global_attention_mask": _global_attention_mask,

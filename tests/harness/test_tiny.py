@@ -103,6 +103,8 @@ KINDS = {
     "ColQwen2ForRetrieval": "text+image",  # images padded to rows of patches; rotary positions from token types
     "ColModernVBertForRetrieval": "text+image",  # a list of images per sample, as the VLM it wraps reads them
     "MusicFlamingoForConditionalGeneration": "text+audio",  # its features read the placeholders: counted beforehand
+    # its feature extractor pads to 30 s whatever it is asked; its features map chunks by the raw audio's mask
+    "MossTranscribeDiarizeForConditionalGeneration": "text+audio",
 }
 
 
