@@ -105,6 +105,7 @@ KINDS = {
     "MusicFlamingoForConditionalGeneration": "text+audio",  # its features read the placeholders: counted beforehand
     # its feature extractor pads to 30 s whatever it is asked; its features map chunks by the raw audio's mask
     "MossTranscribeDiarizeForConditionalGeneration": "text+audio",
+    "BltForCausalLM": "text",  # no cache: its config cannot size one
 }
 
 
