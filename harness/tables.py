@@ -151,15 +151,17 @@ TINY_OVERRIDES: dict[str, dict] = {
                      "in_channels": [32, 16, 24, 40, 80, 112, 192], "out_channels": [16, 24, 40, 80, 112, 192, 320]},
     # the projector maps a known patch count to a query count: 16 patches of a tiny image to 4 queries
     "aria": {"projector_patch_to_query_dict": {16: 4}},
-    # the depth head's bottleneck is a fixed 256 channels unless said otherwise; at the default init scale the
-    # signal fades through its dozens of convolutions until the depth no longer depends on the image
     # expert counts default to None (checkpoints set them), which the experts' weight shapes cannot take
     "dots1": {"n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2},
     # the attention reads rope_theta and clip_qkv from attn_config, where checkpoints keep them; defaults have none
     "dbrx": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8.0},
     # num_hidden_layers counts cache slots (per stack x cycles), derived from the per-stack count when that is unset
     "hrm_text": {"num_layers_per_stack": None},
-    "zoedepth": {"bottleneck_features": 32, "initializer_range": 0.2},
+    # the depth head's bottleneck is a fixed 256 channels unless said otherwise; at the default init scale the
+    # signal fades through its dozens of convolutions until the depth no longer depends on the image
+    # and its BEiT backbone feeds the stages after the stem, which the beit row's fitted indices would include
+    "zoedepth": {"bottleneck_features": 32, "initializer_range": 0.2, "backbone_config.out_indices": [1, 2, 3, 4],
+                 "backbone_config.out_features": ["stage1", "stage2", "stage3", "stage4"]},
     # the last layers read keys and values shared from earlier ones: with two layers, none may share
     "gemma3n_text": {"num_kv_shared_layers": 0},
     # one rotary setting per attention kind, which the empty default does not give
