@@ -252,7 +252,10 @@ TINY_OVERRIDES: dict[str, dict] = {
                        # its 2-D rotary table fills hidden_size / 4 slots: heads / 2 = partial_rotary_factor (4)
                        "num_attention_heads": 8, "num_key_value_heads": 8,
                        # fine matching slices this many channels off the finest (8-wide) features
-                       "fine_matching_slice_dim": 4},
+                       "fine_matching_slice_dim": 4,
+                       # the 2-cell border it drops is the whole 4x4 coarse grid of a tiny image, and a random
+                       # model's match confidences stay under the checkpoint threshold: no match would be left
+                       "coarse_matching_border_removal": 0, "coarse_matching_threshold": 0.0},
     # the segmentation head reads four layers' features (checkpoints: [3, 5, 7, 11]); the default lists the last only
     "beit": {"num_hidden_layers": 4, "out_indices": [1, 2, 3, 4]},
     # the layout embedding is six position embeddings of hidden_size // 6 each, which must add up to hidden_size

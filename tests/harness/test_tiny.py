@@ -106,6 +106,7 @@ KINDS = {
     # its feature extractor pads to 30 s whatever it is asked; its features map chunks by the raw audio's mask
     "MossTranscribeDiarizeForConditionalGeneration": "text+audio",
     "BltForCausalLM": "text",  # no cache: its config cannot size one
+    "EfficientLoFTRForKeypointMatching": "image",  # matches left on a tiny image's coarse grid
 }
 
 
