@@ -131,7 +131,7 @@ _RULES: list[tuple[re.Pattern, Any]] = [
     (r"^(\w+_)?n_groups$", _cap(1)),  # state-space groups must divide the (fewer) heads
     (r"^(\w+_)?layer_offset$", _cap(1)),  # hybrids: the first attention / expert layer must exist
     (r"^(\w+_)?layer_period$", _cap(2)),
-    (r"(^|_)vocab_size$", _big_only(VOCAB, 17)),
+    (r"(^|_)vocab_size$|^vocab_size_per_layer_input$", _big_only(VOCAB, 17)),
     (r"^(max_position_embeddings|n_positions|max_source_positions|max_target_positions|max_seq_len"
      r"|max_sequence_length|n_ctx|max_length|context_length|\w+_max_position_embeddings)$",
      _big_only(POSITIONS, POSITIONS)),
@@ -147,7 +147,7 @@ _RULES: list[tuple[re.Pattern, Any]] = [
     (r"(hidden_size|d_model|n_embd|embed_dim|hidden_dim|embedding_size|embedding_dim|projection_dim|proj_dim"
      r"|projection_size|proj_size|projector_dim|d_embed|model_dim|_width$|^width$|widths|^dim$|^dims$|output_dim"
      r"|channels$|_channels|num_filters|latent_dim|codebook_dim|conv_dim|tdnn_dim|hidden_sizes|embed_dims|_in_dim$|_out_dim$"
-     r"|embedding_dims)", _cap(WIDTH)),
+     r"|embedding_dims|^emb_dim$|^upsample_initial_channel$)", _cap(WIDTH)),
 ]
 _RULES = [(re.compile(pattern), rule) for pattern, rule in _RULES]
 

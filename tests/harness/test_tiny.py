@@ -107,6 +107,11 @@ KINDS = {
     "MossTranscribeDiarizeForConditionalGeneration": "text+audio",
     "BltForCausalLM": "text",  # no cache: its config cannot size one
     "EfficientLoFTRForKeypointMatching": "image",  # matches left on a tiny image's coarse grid
+    # widths under names of their own: XLM's emb_dim (101 M weights), Gemma 3n's per-layer vocabulary (17 M),
+    # HiFi-GAN's first upsampling channels (13 M)
+    "FlaubertForMultipleChoice": "text",
+    "Gemma3nForCausalLM": "text",
+    "SeamlessM4TCodeHifiGan": "text",
 }
 
 
