@@ -469,7 +469,8 @@ def _patch_udop_patches_as_fixed_rows(original):
                 image_size=224, patch_size=16):
         if max_len != 0:  # padded to another length than the patch count
             return original(image_embeddings, inputs_embeds, bbox, visual_bbox, attention_mask, num_patches, max_len,
-                            image_size, patch_size)  # fmt: skip
+                            image_size, patch_size)
+
         def centre(low, high):  # the patch column (or row) of each token's box centre
             return ((bbox[:, :, low] + bbox[:, :, high]) / 2.0 * num_patches).floor().long().clip(0, num_patches - 1)
 

@@ -207,15 +207,15 @@ TINY_OVERRIDES: dict[str, dict] = {
     "vipllava": {"vision_feature_layers": [-2, -3, 0, 1, 2]},
     # per-class detection thresholds and reading order ship with checkpoints (None by default): one per tiny label
     "pp_doclayout_v2": {"class_thresholds": [0.5, 0.5], "class_order": [0, 1], **_DETR_SIGNAL},
-    # its model builds its cache from the composite config, which has no num_hidden_layers (transformers 5.23
-    # fails there in eager too): the forward runs without one; its byte n-gram hash table has 500k rows per n
-    "blt": {"use_cache": False, "encoder_hash_byte_group_vocab": 64},
-    "d_fine": _DETR_SIGNAL,
+    "d_fine": _DETR_SIGNAL,  # and the rest of the family (PP-DocLayoutV3 below)
+    "deimv2": _DETR_SIGNAL,
+    "pp_doclayout_v4": _DETR_SIGNAL,
     # its depth head normalises relu'd bin logits with a 1e-8 shift: at the default init scale the logits are as
     # small as the shift (1e-7), and the depth turns on rounding
     "chmv2": {"initializer_range": 0.1},
-    "deimv2": _DETR_SIGNAL,
-    "pp_doclayout_v4": _DETR_SIGNAL,
+    # its model builds its cache from the composite config, which has no num_hidden_layers (transformers 5.23
+    # fails there in eager too): the forward runs without one; its byte n-gram hash table has 500k rows per n
+    "blt": {"use_cache": False, "encoder_hash_byte_group_vocab": 64},
     # the quantizer reads the concatenated acoustic and semantic states: its width is their sum
     "neucodec": {"quantization_dim": 64},
     # the text config alone lacks the initializer_range its weight init reads (the composite config carries it)
