@@ -447,16 +447,23 @@ def _question_positions(context: Context) -> torch.Tensor | None:
     return positions
 
 
+_FEATURE_MASKS = ("feature_attention_mask", "input_features_mask")  # which mel frames are real, by either name
+
+
 def _padding_mask(context: Context) -> torch.Tensor | None:
     """Which raw-audio samples are real, all of them: (batch, samples) of the waveform, or of the mel frames'
-    waveform (hop_length samples a frame) when the model reads features (MOSS maps its audio chunks by it)."""
+    waveform when the model reads features (MOSS maps its audio chunks by it)."""
     waveform, features = context.inputs_so_far.get("input_values"), context.inputs_so_far.get("input_features")
     if waveform is not None:
         return torch.ones(waveform.shape[0], waveform.shape[-1], dtype=torch.long)
     if features is None:
         return None
-    hop = context.get("hop_length", 160, "audio_config")
-    return torch.ones(features.shape[0], features.shape[-1] * hop, dtype=torch.long)
+    return torch.ones(features.shape[0], _samples_behind(context, features), dtype=torch.long)
+
+
+def _samples_behind(context: Context, features: torch.Tensor) -> int:
+    """The waveform samples behind mel frames: hop_length per frame."""
+    return features.shape[-1] * context.get("hop_length", 160, "audio_config")
 
 
 def _chunk_sample_lengths(context: Context) -> torch.Tensor | None:
@@ -464,8 +471,7 @@ def _chunk_sample_lengths(context: Context) -> torch.Tensor | None:
     features = context.inputs_so_far.get("input_features")
     if features is None:
         return None
-    hop = context.get("hop_length", 160, "audio_config")
-    return torch.full((features.shape[0],), features.shape[-1] * hop, dtype=torch.long)
+    return torch.full((features.shape[0],), _samples_behind(context, features), dtype=torch.long)
 
 
 def _spectrogram(context: Context) -> torch.Tensor:
@@ -648,7 +654,7 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
         if not _features_owner(model, modality):
             if modality == "audio" and feature_input in parameters:  # Qwen2-Audio: its tower counts the tokens
                 inputs[feature_input] = _RULES[feature_input](context)
-                for name in ("feature_attention_mask", "input_features_mask"):
+                for name in _FEATURE_MASKS:
                     if name in parameters:
                         inputs[name] = _feature_mask(context)
                 count = _audio_tokens_per_sample(model, inputs)
@@ -932,7 +938,7 @@ def _audio_tokens_per_sample(model, inputs: dict) -> int | None:
     """The audio tokens of each sample by the audio tower's own length rule, for a model without a
     ``get_audio_features`` to count them; None when it has no rule, or the samples differ."""
     tower = getattr(model, "audio_tower", None) or getattr(getattr(model, "model", None), "audio_tower", None)
-    mask = next((inputs[name] for name in ("feature_attention_mask", "input_features_mask") if name in inputs), None)
+    mask = next((inputs[name] for name in _FEATURE_MASKS if name in inputs), None)
     if mask is None or not hasattr(tower, "_get_feat_extract_output_lengths"):
         return None
     lengths = tower._get_feat_extract_output_lengths(mask.sum(-1))
