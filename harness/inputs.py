@@ -128,6 +128,8 @@ def _pixel_values(context: Context) -> torch.Tensor:
         context.inputs_so_far["image_sizes"] = _image_sizes(context)
         return context.randn(context.batch, 2, *_image_shape(context))
     masks = {"pixel_attention_mask", "image_attention_mask"} & set(context.parameters)
+    if _per_patch_image_mask(context):  # FLAVA: a mask over one image's patches, not a list of images
+        masks.discard("image_attention_mask")
     if layout in ("images", "flagged-images") or masks:
         pixels = context.randn(context.batch, 1, *_image_shape(context))
         if "pixel_attention_mask" in context.parameters:  # which pixels are real, or which images
@@ -280,6 +282,8 @@ def _input_values(context: Context) -> torch.Tensor:
 
 def _noise(context: Context) -> torch.Tensor:
     """Models that mask at random (ViTMAE) take their noise as an input, so eager and export draw the same."""
+    if context.get("max_action_dim"):  # a flow-matching policy's noisy action chunk
+        return context.randn(context.batch, context.get("chunk_size", 4), context.config.max_action_dim)
     vision = context.sub("vision_config")
     _channels, height, width = _image_shape(context)
     units = getattr(vision, "masked_unit_size", None)
@@ -482,23 +486,49 @@ def _spectrogram(context: Context) -> torch.Tensor:
 _MONO_CODEC = re.compile(r"input_values \(`torch\.\w+` of shape `\(batch_size, 1, \w+\)`")
 
 
+_PER_PATCH_MASK = re.compile(r"image_attention_mask \(`torch\.\w+` of shape `\(batch_size, image_num_patches\)`")
+
+
+def _per_patch_image_mask(context: Context) -> bool:
+    return bool(_PER_PATCH_MASK.search(type(context.model).forward.__doc__ or ""))
+
+
 def _raw_audio(context: Context) -> torch.Tensor:
     """Audio codecs take (batch, channels, samples); speech encoders take (batch, samples). A codec without an
     ``audio_channels`` setting says its layout in the forward docstring: ``(batch_size, 1, time_steps)``."""
     channels = getattr(context.config, "audio_channels", None) or RAW_AUDIO_CHANNELS.get(context.config.model_type)
     if channels is None and _MONO_CODEC.search(type(context.model).forward.__doc__ or ""):
         channels = 1
-    audio = context.randn(context.batch, AUDIO_SAMPLES[context.label]) * 0.1
+    samples = AUDIO_SAMPLES[context.label]
+    per_token = context.get("samples_per_token", 1, "audio_config")  # whole tokens, as its extractor pads (Muse Spark)
+    audio = context.randn(context.batch, samples // per_token * per_token) * 0.1
     return audio.unsqueeze(1).expand(-1, channels, -1).contiguous() if isinstance(channels, int) else audio
 
 
 _TRAJECTORY = {  # decision transformers: one row per timestep
     "states": lambda c: c.randn(c.batch, c.length, c.get("state_dim", 4)),
-    "actions": lambda c: c.randn(c.batch, c.length, c.get("act_dim", 2)),
+    # a trajectory's actions go with its states; elsewhere (PI0) actions are training labels
+    "actions": lambda c: c.randn(c.batch, c.length, c.get("act_dim", 2)) if "states" in c.parameters else None,
     "returns_to_go": lambda c: c.randn(c.batch, c.length, 1),
     "rewards": lambda c: c.randn(c.batch, c.length, 1),
     "timesteps": lambda c: torch.arange(c.length).expand(c.batch, -1).contiguous(),
 }
+
+# flow-matching robot policies (PI0): the robot's state, and the denoising step's time and noisy action chunk
+# (`noise`), which the model draws at random when not given
+_FLOW_POLICY = {
+    "state": lambda c: c.randn(c.batch, c.get("max_state_dim", 8)),
+    "timestep": lambda c: torch.rand(c.batch, generator=c.generator),
+}
+
+
+# decision heads (JEV): two questions on each prompt, a yes/no and a score, each marked at a token of the text
+_DECISIONS = {
+    "marks": lambda c: torch.tensor([c.length // 2, c.length]).expand(c.batch, -1),  # 1-based: the row before is read
+    "num_options": lambda c: torch.full((c.batch, 2), 2),
+    "question_type_ids": lambda c: torch.tensor([0, 1]).expand(c.batch, -1),
+}
+
 
 def _series_length(context: Context, future: bool = False) -> int:
     config = context.config
@@ -545,6 +575,8 @@ _ENTITIES = {  # LUKE: entities next to the words
 
 _RULES: dict[str, Callable[[Context], Any]] = {
     **_TRAJECTORY,
+    **_FLOW_POLICY,
+    **_DECISIONS,
     **_ENTITIES,
     "spkr_id": lambda context: torch.zeros(context.batch, 1, dtype=torch.long),
     "lang_id": lambda context: torch.zeros(context.batch, 1, dtype=torch.long),
@@ -579,8 +611,9 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     "noise": _noise,
     "bool_masked_pos": _bool_masked_pos,
     "question_positions": _question_positions,
+    # which images each text token sees (IDEFICS); left out where it masks an image's patches, all real here
     "image_attention_mask": lambda context: torch.ones(*context.inputs_so_far["input_ids"].shape[:2], 1, dtype=torch.long)
-    if "input_ids" in context.inputs_so_far else None,
+    if "input_ids" in context.inputs_so_far and not _per_patch_image_mask(context) else None,
     "lang_ids": lambda context: torch.zeros(context.batch, dtype=torch.long),
     "qformer_input_ids": lambda context: context.tokens(),
     "visual_feats": lambda context: context.randn(context.batch, 4, context.get("visual_feat_dim", 32)),
@@ -597,6 +630,8 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     "codebook_idx": lambda context: 1,  # which codebook a fine acoustic model predicts: a constant
     # a model that samples its audio latents unless told not to (VibeVoice's VAE): eager and export take the mean
     "sample": lambda context: False if context.parameters["sample"].default is True else None,
+    # a pre-training head whose config asks for its loss (FLAVA) would need labels: the outputs alone
+    "return_loss": lambda context: False if getattr(context.config, "return_loss", None) else None,
     "bbox": _bbox,
     "past_values": _past_values,
 }
@@ -605,8 +640,8 @@ _RULES: dict[str, Callable[[Context], Any]] = {
 _ALWAYS = ("attention_mask", "token_type_ids", "decoder_input_ids", "pixel_values", "bbox", "noise", "lang_ids",
            "visual_feats", "visual_pos", "image_attention_mask", "global_attention_mask", "target_sizes", "grid_thw",
            "input_features", "decoder_input_values", "thinker_reply_part", "input_text_ids", "flattened_patches",
-           "image_embeds_position_mask", "image_grid_hw", "high_res_pixel_values", "sample", "question_positions",
-           *_TRAJECTORY, *_ENTITIES)
+           "image_embeds_position_mask", "image_grid_hw", "high_res_pixel_values", "sample", "return_loss", "question_positions",
+           "timestep", *_TRAJECTORY, *_ENTITIES)
 
 
 def _parameters(model) -> dict[str, inspect.Parameter]:
@@ -871,8 +906,10 @@ def _features_owner(model, modality: str):
     """``get_<modality>_features`` of the model, or of its inner ``model`` or encoder when the outer one forwards
     what its signature does not name (``*args``, or fewer parameters than the inner one requires)."""
     method = f"get_{modality}_features"
-    # the encoder: T5Gemma 2's classifiers; the wrapped VLM: retrievers (ColPali)
-    owners = (model, getattr(model, "model", None), _encoder_of(model), getattr(model, "vlm", None))
+    # the encoder: T5Gemma 2's classifiers
+    inner = getattr(model, "model", None)
+    # the wrapped VLM: retrievers (ColPali) and robot policies (PI0, one level down)
+    owners = (model, inner, _encoder_of(model), getattr(model, "vlm", None), getattr(inner, "vlm", None))
     found = [getattr(owner, method) for owner in owners if hasattr(owner, method)]
 
     def named(candidate) -> int:
@@ -907,7 +944,8 @@ def _place_placeholders(context: Context, inputs: dict, modality: str) -> None:
     features = _features_owner(context.model, modality)
     accepted = inspect.signature(features).parameters
     for name, parameter in accepted.items():  # what the feature path needs although the forward makes it optional
-        if parameter.default is inspect.Parameter.empty and name not in inputs and name in _RULES:
+        needed = parameter.default is inspect.Parameter.empty or (name in _FEATURE_MASKS and name in context.parameters)
+        if needed and name not in inputs and name in _RULES:
             value = _RULES[name](context)
             if value is not None:
                 inputs[name] = value
@@ -918,8 +956,13 @@ def _place_placeholders(context: Context, inputs: dict, modality: str) -> None:
             raise InputError(f"the audio features of {type(context.model).__name__} read the placeholders, and its "
                              "audio tower has no length rule to count them by")
     else:
+        arguments = {k: v for k, v in inputs.items() if k in accepted and k != "input_ids"}
+        flagged = PIXEL_LAYOUTS.get(context.config.model_type) == "flagged-images"
+        if flagged and "pixel_values" in arguments and "pixel_attention_mask" not in accepted:
+            # the flagged images of every sample, counted by a VLM that reads single images (PI0's)
+            arguments["pixel_values"] = arguments["pixel_values"].flatten(0, 1)
         with torch.no_grad():
-            count = _feature_count(features(**{k: v for k, v in inputs.items() if k in accepted and k != "input_ids"}))
+            count = _feature_count(features(**arguments))
         per_sample = count // context.batch
     _prepend_placeholders(context, inputs, _placeholder_token(context.config, modality), per_sample)
     if "mm_token_type_ids" in context.parameters:
@@ -954,4 +997,4 @@ def _token_types(config, input_ids: torch.Tensor) -> torch.Tensor:
 def _takes_text(model) -> bool:
     """Multimodal models whose main input is an image or audio but that also read text (CLIP, Whisper decoders)."""
     config = vars(model.config)
-    return bool(config.get("text_config")) or any(key.endswith("vocab_size") for key in config)
+    return bool(config.get("text_config") or config.get("vlm_config")) or any(key.endswith("vocab_size") for key in config)

@@ -53,6 +53,29 @@ _DIGITS_AS_LETTERS = str.maketrans("0123456789", "ABCDEFGHIJ")  # Chameleon's im
 # encoder, so query selection ranks tied scores, whose order every runtime breaks its own way
 _DETR_SIGNAL = {"initializer_range": 0.2, "backbone_config.initializer_range": 0.2}
 
+# PP-OCR detectors: what only their checkpoints set. The intra-class blocks' convolutions as (kernel, stride,
+# padding): square, tall and wide kernels that keep the map's size, as the block's docstring describes.
+_PPOCR_INTRACLASS = {
+    "reduce_channel": [1, 1, 0], "return_channel": [1, 1, 0],
+    **{f"symmetric_conv_long_{ratio}ratio": [k, 1, k // 2] for ratio, k in (("long", 7), ("mid", 5), ("short", 3))},
+    **{f"vertical_long_to_small_conv_{ratio}ratio": [[k, 1], 1, [k // 2, 0]]
+       for ratio, k in (("long", 7), ("mid", 5), ("short", 3))},
+    **{f"horizontal_small_to_long_conv_{ratio}ratio": [[1, k], 1, [0, k // 2]]
+       for ratio, k in (("long", 7), ("mid", 5), ("short", 3))},
+}
+# the intra-class neck: its four stages' maps upsampled to the finest; and the signal kept through the plain convs
+_PPOCR_SERVER_NECK = {"intraclass_block_config": _PPOCR_INTRACLASS, "scale_factor_list": [1, 2, 4, 8],
+                      "kernel_list": [3, 2, 2], "initializer_range": 0.2}
+# PP-OCRv6 detectors default to the text recogniser's PP-LCNetV4 (one output, height-only strides): four outputs
+# instead, each half the size of the one before, as the necks' top-down path adds them
+_PPOCR_DET_BACKBONE = {
+    "backbone_config.block_configs": [[[3, 32, 32, 1, True]], [[3, 32, 32, 2, False]], [[3, 32, 64, 2, False]],
+                                      [[3, 64, 64, 2, False]]],
+    "backbone_config.stage_out_channels": [32, 32, 64, 64],
+    "backbone_config.out_features": ["stage1", "stage2", "stage3", "stage4"],
+    "backbone_config.out_indices": [1, 2, 3, 4],
+}
+
 _QWEN4_INDEXER = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8,
                   "indexer_compress_ratio": 4}
 
@@ -73,6 +96,10 @@ TINY_OVERRIDES: dict[str, dict] = {
     "pp_lcnet_v4": {"stem_channels": [3, 16, 32], "depths": [1, 1, 1, 1], "stage_out_channels": [32, 32, 64, 64],
                     "block_configs": [[[3, 32, 32, 1, True]], [[3, 32, 32, 1, False]], [[3, 32, 64, [2, 1], False]],
                                       [[3, 64, 64, [2, 1], False]]]},
+    "pp_ocrv5_mobile_det": {"initializer_range": 0.2},
+    "pp_ocrv5_server_det": _PPOCR_SERVER_NECK,
+    "pp_ocrv6_medium_det": {**_PPOCR_SERVER_NECK, **_PPOCR_DET_BACKBONE},
+    "pp_ocrv6_small_det": {**_PPOCR_DET_BACKBONE, "layer_list_out_channels": [32, 32, 64, 64], "initializer_range": 0.2},
     # the sparse-attention indexer is sized by checkpoints only (defaults None); one key head, as it requires
     "qwen4_exp_text": _QWEN4_INDEXER,
     # its cache sizes heads from widths rounded up to 64 while its layers do not: widths that need no rounding
@@ -241,6 +268,9 @@ TINY_OVERRIDES: dict[str, dict] = {
     "sam_hq_mask_decoder": {"vit_dim": 32},  # the width of the ViT features the HQ head reads
     # its shared expert is sized by a key that checkpoints carry and the config class does not declare
     "qwen3_omni_moe_talker_text": {"shared_expert_intermediate_size": 64},
+    # the omni thinkers' rope index reads a vision start token their configs do not define
+    "qwen2_5_omni_thinker": {"vision_start_token_id": 151652},
+    "qwen3_omni_moe_thinker": {"vision_start_token_id": 151652},
     # the two M-RoPE axes take rotated dimensions in fours, of which a quarter of an 8-wide head has too few:
     # two heads, 16 wide
     "neomme": {"num_attention_heads": 2, "num_key_value_heads": 2},
@@ -272,6 +302,9 @@ TINY_OVERRIDES: dict[str, dict] = {
 FEATURE_EXTRACTOR_OVERRIDES: dict[str, str] = {
     "wav2vec2-bert": "SeamlessM4TFeatureExtractor",  # mapped to Wav2Vec2's raw-audio extractor; takes stacked mels
     "neucodec": "SeamlessM4TFeatureExtractor",  # its semantic encoder is a wav2vec2-bert
+    # Qwen omni thinkers: their processors' Whisper extractor (no mapping of their own)
+    "qwen2_5_omni_thinker": "WhisperFeatureExtractor",
+    "qwen3_omni_moe_thinker": "WhisperFeatureExtractor",
 }
 
 # model type -> mel frames per text token, for models that add the audio to every text position instead of
@@ -307,6 +340,7 @@ PIXEL_LAYOUTS: dict[str, str] = {
     "colqwen2": "padded-patches",  # its processor pads each image's patches to a row: images x patches x C*T*P*P
     # a list of images per sample whose pixel_attention_mask flags the real images (tiles), batch x 1
     "granite_docling": "flagged-images",
+    "pi0": "flagged-images",  # one image per camera, flagged present
     # one image cut in up to max_num_tiles tiles, batch x 1 x tiles x C x H x W; here a 1:1 image in one tile
     "mllama": "image-tiles",
     "mllama_vision_model": "image-tiles",

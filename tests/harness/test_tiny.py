@@ -112,6 +112,16 @@ KINDS = {
     "FlaubertForMultipleChoice": "text",
     "Gemma3nForCausalLM": "text",
     "SeamlessM4TCodeHifiGan": "text",
+    "PPOCRV5MobileDetForObjectDetection": "image",  # an init scale at which the image reaches the text map
+    "PPOCRV5ServerDetForObjectDetection": "image",  # intra-class blocks and upsampling factors only checkpoints carry
+    "PPOCRV6SmallDetForObjectDetection": "image",  # a backbone with four outputs, each half the one before
+    "PPOCRV6MediumDetForObjectDetection": "image",  # both of the above
+    "MuseSparkForConditionalGeneration": "text+image+audio",  # raw audio in whole tokens of samples
+    # its rope index reads a token its config lacks; its audio features count frames by the mask the forward takes
+    "Qwen2_5OmniThinkerForConditionalGeneration": "text+audio+image",
+    "PI0ForConditionalGeneration": "text+image",  # a robot state, denoising time and noise; one image per camera
+    "JevForDecision": "text",  # questions marked in the prompt
+    "FlavaForPreTraining": "text+image",  # no loss (its config asks for one), no per-token image mask
 }
 
 
