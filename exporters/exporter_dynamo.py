@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import math
 import statistics
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -501,6 +502,52 @@ def _patch_udop_patches_as_fixed_rows(original):
 
     get_visual_bbox = importlib.import_module(original.__module__).get_visual_bbox
     return combine
+
+
+@register_patch(
+    "dynamo",
+    "transformers.models.longformer.modeling_longformer.LongformerSelfAttention.forward",
+    "transformers.models.led.modeling_led.LEDEncoderSelfAttention.forward",
+)
+def _patch_longformer_attention_dense(original):
+    """Longformer (and LED's encoder) gathers its global tokens with `nonzero()` into a list as long as the most
+    global tokens in the batch, and takes that path on `any().item()`: sizes and a branch read from tensor values.
+    The same attention written densely over the whole sequence, with masks where the original gathers: a local query
+    sees its window (`|i - j| <= w`, neither padding nor global keys there) and every global key once, by its own
+    projections; a global query sees every unpadded key by the global projections. Without global tokens the
+    global terms are masked out, so one trace serves both branches."""
+
+    def forward(self, hidden_states, attention_mask=None, is_index_masked=None, is_index_global_attn=None,
+                is_global_attn=None, output_attentions=False):
+        if output_attentions:  # the attention maps in the original's banded layout
+            return original(self, hidden_states, attention_mask, is_index_masked, is_index_global_attn,
+                            is_global_attn, output_attentions)
+        batch, length, _ = hidden_states.shape
+        lowest = torch.finfo(hidden_states.dtype).min
+
+        def heads(vectors):  # (batch, heads, length, head_dim)
+            return vectors.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
+
+        def attend(query, key, value, allowed):
+            scores = torch.matmul(query / math.sqrt(self.head_dim), key.transpose(-1, -2))
+            scores = scores.masked_fill(~allowed, lowest)
+            probabilities = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+            return torch.matmul(probabilities, value)
+
+        positions = torch.arange(length, device=hidden_states.device)
+        in_window = (positions[:, None] - positions[None, :]).abs() <= self.one_sided_attn_window_size
+        is_global = is_index_global_attn[:, None, None, :]
+        local_key = (attention_mask == 0)[:, None, None, :]
+        local = attend(heads(self.query(hidden_states)), heads(self.key(hidden_states)),
+                       heads(self.value(hidden_states)), (in_window & local_key) | is_global)
+        unpadded = ~is_index_masked[:, None, None, :]
+        global_ = attend(heads(self.query_global(hidden_states)), heads(self.key_global(hidden_states)),
+                         heads(self.value_global(hidden_states)), unpadded.expand(-1, -1, length, -1))
+        output = torch.where(is_index_global_attn[:, None, :, None], global_, local)
+        output = output.masked_fill(is_index_masked[:, None, :, None], 0.0)  # padding queries: zeros, as the original
+        return (output.transpose(1, 2).reshape(batch, length, self.embed_dim),)
+
+    return forward
 
 
 @register_patch("dynamo", "transformers.models.llama4.modeling_llama4.Llama4VisionRotaryEmbedding.forward")

@@ -280,6 +280,7 @@ CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaroun
     ("Llama4VisionModel", "executorch", "_patch_llama4_vision_rotary_as_pairs", "complex"),
     ("FNetForMaskedLM", "executorch", "_patch_fnet_fourier_as_matmul", "_fft_c2c.default is not in Core ATen"),
     ("UdopForConditionalGeneration", "onnx", "_patch_udop_patches_as_fixed_rows", "data is not allocated"),
+    ("LongformerForMaskedLM", "dynamo", "_patch_longformer_attention_dense", "data-dependent"),  # global tokens
 ]
 
 
@@ -292,6 +293,25 @@ def test_a_model_class_exports_with_its_workaround_and_fails_without(name, backe
     assert_parity(exported(**context.inputs["A"]), context.expected["A"], TOLERANCE[backend])
     with disabled_workarounds(workaround), pytest.raises(exporters.ExportError, match=error):
         _export(context, backend)
+
+
+@pytest.mark.parametrize("name", ["LongformerForMaskedLM", "LEDForQuestionAnswering"])
+def test_dense_longformer_attention_matches_the_banded_one(name):
+    """Padding, several global tokens in one sample and none in the other: eager with the patch installed."""
+    from exporters.utils import apply_patches
+
+    context = _built_by_the_sweep(name)
+    inputs = {key: value.clone() for key, value in context.inputs["A"].items()}
+    inputs["attention_mask"][0, -2:] = 0
+    inputs["global_attention_mask"][:] = 0
+    inputs["global_attention_mask"][1, :3] = 1
+    fired = set()
+    with torch.no_grad():
+        banded = exporters.named_leaves(context.model(**inputs))
+        with apply_patches("dynamo", fired):
+            dense = exporters.named_leaves(context.model(**inputs))
+    assert "_patch_longformer_attention_dense" in fired
+    assert_parity(dense, banded, TOLERANCE["dynamo"])
 
 
 DYNAMIC_CASES = [  # (model class, workaround, the input whose batch axis it keeps dynamic)
