@@ -550,6 +550,53 @@ def _patch_longformer_attention_dense(original):
     return forward
 
 
+@contextmanager
+def _seeded_rotations(seed):
+    """With a hash seed, Reformer seeds the global generator (`torch.manual_seed`) before drawing its rotations: a
+    side effect a trace does not record, so the program would draw new ones each run. The seeded draw, made while
+    tracing, is a constant of the program instead."""
+    if seed is None:
+        yield
+        return
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+
+    draw = torch.randn
+
+    def seeded_draw(*shape, **kwargs):
+        with unset_fake_temporarily(), disable_proxy_modes_tracing():
+            return draw(*shape, generator=torch.Generator().manual_seed(seed), **kwargs)
+
+    torch.randn = seeded_draw
+    try:
+        yield
+    finally:
+        torch.randn = draw
+
+
+@register_patch("dynamo", "transformers.models.reformer.modeling_reformer.LSHSelfAttention._hash_vectors")
+def _patch_reformer_padding_bucket_as_tensors(original):
+    """Reformer's LSH attention adds a bucket for padding tokens when `attention_mask.sum().item()` shows padding, a
+    branch on tensor values. Both branches in tensor arithmetic: the buckets hashed without the mask, padding tokens
+    moved to the extra bucket, and each hashing round offset by the bucket count its branch would have used."""
+
+    def _hash_vectors(self, vectors, num_hashes, attention_mask, increase_num_buckets=False):
+        if attention_mask is None:
+            return original(self, vectors, num_hashes, attention_mask, increase_num_buckets)
+        batch, length = attention_mask.shape
+        num_buckets = self.num_buckets if isinstance(self.num_buckets, int) else math.prod(self.num_buckets)
+        rounds = torch.arange(num_hashes, device=vectors.device).view(1, 1, -1, 1)
+        with _seeded_rotations(self.hash_seed):
+            hashed = original(self, vectors, num_hashes, None)
+        hashed = hashed.view(batch, self.num_attention_heads, num_hashes, length)
+        real = attention_mask.to(torch.bool)[:, None, None, :]
+        buckets = torch.where(real, hashed - rounds * num_buckets, num_buckets)
+        padded = (~real).any() if not increase_num_buckets else torch.tensor(True, device=vectors.device)
+        return (buckets + rounds * (num_buckets + padded.long())).flatten(start_dim=2, end_dim=3)
+
+    return _hash_vectors
+
+
 @register_patch("dynamo", "transformers.models.llama4.modeling_llama4.Llama4VisionRotaryEmbedding.forward")
 def _patch_llama4_vision_rotary_as_pairs(_original):
     """Llama 4's vision tower keeps its 2-D rotary table as a complex buffer. The same table as real (cos, sin)

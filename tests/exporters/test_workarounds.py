@@ -281,6 +281,8 @@ CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaroun
     ("FNetForMaskedLM", "executorch", "_patch_fnet_fourier_as_matmul", "_fft_c2c.default is not in Core ATen"),
     ("UdopForConditionalGeneration", "onnx", "_patch_udop_patches_as_fixed_rows", "data is not allocated"),
     ("LongformerForMaskedLM", "dynamo", "_patch_longformer_attention_dense", "data-dependent"),  # global tokens
+    # a padding bucket picked by .item(); its bucket cache, hashed by seeded rotations, is an output
+    ("ReformerModelWithLMHead", "dynamo", "_patch_reformer_padding_bucket_as_tensors", "data-dependent"),
 ]
 
 
@@ -295,23 +297,32 @@ def test_a_model_class_exports_with_its_workaround_and_fails_without(name, backe
         _export(context, backend)
 
 
-@pytest.mark.parametrize("name", ["LongformerForMaskedLM", "LEDForQuestionAnswering"])
-def test_dense_longformer_attention_matches_the_banded_one(name):
-    """Padding, several global tokens in one sample and none in the other: eager with the patch installed."""
+def _global_tokens_in_one_sample(inputs):
+    inputs["global_attention_mask"][:] = 0
+    inputs["global_attention_mask"][1, :3] = 1
+
+
+@pytest.mark.parametrize("name, workaround, vary", [
+    ("LongformerForMaskedLM", "_patch_longformer_attention_dense", _global_tokens_in_one_sample),
+    ("LEDForQuestionAnswering", "_patch_longformer_attention_dense", _global_tokens_in_one_sample),
+    ("ReformerModelWithLMHead", "_patch_reformer_padding_bucket_as_tensors", None),
+])  # fmt: skip
+def test_a_rewritten_branch_matches_the_original_on_padded_inputs(name, workaround, vary):
+    """The inputs of the sweep with padding (and whatever else ``vary`` changes): eager with the patch installed."""
     from exporters.utils import apply_patches
 
     context = _built_by_the_sweep(name)
     inputs = {key: value.clone() for key, value in context.inputs["A"].items()}
     inputs["attention_mask"][0, -2:] = 0
-    inputs["global_attention_mask"][:] = 0
-    inputs["global_attention_mask"][1, :3] = 1
+    if vary:
+        vary(inputs)
     fired = set()
     with torch.no_grad():
-        banded = exporters.named_leaves(context.model(**inputs))
+        original = exporters.named_leaves(context.model(**inputs))
         with apply_patches("dynamo", fired):
-            dense = exporters.named_leaves(context.model(**inputs))
-    assert "_patch_longformer_attention_dense" in fired
-    assert_parity(dense, banded, TOLERANCE["dynamo"])
+            rewritten = exporters.named_leaves(context.model(**inputs))
+    assert workaround in fired
+    assert_parity(rewritten, original, TOLERANCE["dynamo"])
 
 
 DYNAMIC_CASES = [  # (model class, workaround, the input whose batch axis it keeps dynamic)
