@@ -315,6 +315,24 @@ def _patch_longcat_flash_experts_dense(_original):
     return forward
 
 
+@register_patch("dynamo", "transformers.models.step3p7.modeling_step3p7.Step3p7Experts.forward")
+def _patch_step3p7_experts_dense(_original):
+    """Step 3.7's experts, every one on every token (`_every_expert`), with their clamped gates; the index one past
+    the last expert, which eager skips, matches none."""
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        def routed(index):
+            def expert(x):
+                gate_up = torch.nn.functional.linear(x, self.gate_up_proj[index])
+                return torch.nn.functional.linear(self._apply_gate(gate_up), self.down_proj[index])
+
+            return expert
+
+        return _every_expert(hidden_states, top_k_index, top_k_weights, [routed(i) for i in range(self.num_experts)])
+
+    return forward
+
+
 @register_patch("dynamo", "transformers.models.dbrx.modeling_dbrx.DbrxExperts.forward")
 def _patch_dbrx_experts_dense(_original):
     """DBRX's experts, every one on every token (`_every_expert`), each a slice of the packed GLU weights."""

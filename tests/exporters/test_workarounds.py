@@ -274,6 +274,7 @@ CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaroun
     ("Gemma3ForSequenceClassification", "onnx", "_patch_mask_by_broadcast", "vmapped"),  # bidirectional images
     ("LongcatFlashModel", "dynamo", "_patch_longcat_flash_experts_dense", "data-dependent"),
     ("DbrxForCausalLM", "dynamo", "_patch_dbrx_experts_dense", "data-dependent"),
+    ("Step3p7TextModel", "dynamo", "_patch_step3p7_experts_dense", "data-dependent"),
     ("SwitchTransformersForConditionalGeneration", "dynamo", "_patch_switch_transformers_experts_dense", "data-dep"),
     ("SwitchTransformersForConditionalGeneration", "dynamo", "_patch_module_cast_to_its_own_dtype", "Couldn't swap"),
     ("Wav2Vec2ForXVector", "executorch", "_patch_xvector_masked_statistics", "data-dependent"),  # slice to length
