@@ -519,6 +519,8 @@ _TRAJECTORY = {  # decision transformers: one row per timestep
 _FLOW_POLICY = {
     "state": lambda c: c.randn(c.batch, c.get("max_state_dim", 8)),
     "timestep": lambda c: torch.rand(c.batch, generator=c.generator),
+    # the base model takes them embedded: the state's row, then the action chunk's
+    "action_embeds": lambda c: c.randn(c.batch, c.get("chunk_size", 4) + 1, c.get("hidden_size", 32, "dit_config")),
 }
 
 
