@@ -615,6 +615,22 @@ def _patch_reformer_padding_bucket_as_tensors(original):
     return _hash_vectors
 
 
+@register_patch("dynamo", "transformers.models.hunyuan_vl.modeling_hunyuan_vl.HunYuanVLModel.get_placeholder_mask")
+def _patch_hunyuan_vl_placeholder_check_as_tensor(original):
+    """HunYuan-VL compares its placeholder count with its image features by a Python `if` on the size of a
+    boolean selection, a branch on tensor values. The same check as a tensor condition, as transformers' other
+    vision-language models make it (`torch._check_tensor_all`)."""
+
+    def get_placeholder_mask(self, input_ids, inputs_embeds, image_features=None):
+        mask = original(self, input_ids, inputs_embeds)
+        if image_features is not None:
+            torch._check_tensor_all(mask.sum() == image_features.numel(),
+                                    lambda: "Image features and image tokens do not match")
+        return mask
+
+    return get_placeholder_mask
+
+
 @register_patch("dynamo", "transformers.models.llama4.modeling_llama4.Llama4VisionRotaryEmbedding.forward")
 def _patch_llama4_vision_rotary_as_pairs(_original):
     """Llama 4's vision tower keeps its 2-D rotary table as a complex buffer. The same table as real (cos, sin)

@@ -282,6 +282,7 @@ CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaroun
     ("FNetForMaskedLM", "executorch", "_patch_fnet_fourier_as_matmul", "_fft_c2c.default is not in Core ATen"),
     ("UdopForConditionalGeneration", "onnx", "_patch_udop_patches_as_fixed_rows", "data is not allocated"),
     ("LongformerForMaskedLM", "dynamo", "_patch_longformer_attention_dense", "data-dependent"),  # global tokens
+    ("HunYuanVLForConditionalGeneration", "dynamo", "_patch_hunyuan_vl_placeholder_check_as_tensor", "data-dep"),
     # a padding bucket picked by .item(); its bucket cache, hashed by seeded rotations, is an output
     ("ReformerModelWithLMHead", "dynamo", "_patch_reformer_padding_bucket_as_tensors", "data-dependent"),
 ]
