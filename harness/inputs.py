@@ -732,7 +732,7 @@ def _multimodal_positions(model, inputs: dict) -> None:
     a loop over tensor values torch.export cannot trace. A runner computes these positions next to the processor;
     so do the inputs, with the model's own `compute_3d_position_ids`."""
     owner = next((module for module in model.modules() if hasattr(module, "compute_3d_position_ids")), None)
-    if owner is None or _image_grid(inputs) is None:
+    if owner is None or (_image_grid(inputs) is None and "target_sizes" not in inputs):  # no image geometry given
         return
     accepted = inspect.signature(owner.compute_3d_position_ids).parameters
     arguments = {name: value for name, value in inputs.items() if name in accepted}

@@ -191,8 +191,10 @@ def test_text_only_inputs_to_a_vision_language_model_are_not_enough():
     assert unfed_modalities(context.model, inputs) == ["pixel_values"]
 
 
-def test_multimodal_rotary_positions_are_fed_as_the_model_computes_them():
-    context = ClassContext(select("Qwen2VLForConditionalGeneration")[0]).prepare()
+# images by their patch grid, or by their sizes (MiniCPM-V 4.7)
+@pytest.mark.parametrize("name", ["Qwen2VLForConditionalGeneration", "MiniCPMV4_7ForConditionalGeneration"])
+def test_multimodal_rotary_positions_are_fed_as_the_model_computes_them(name):
+    context = ClassContext(select(name)[0]).prepare()
     assert context.ok, context.stages[-1].message
     inputs = context.inputs["A"]
     assert inputs["position_ids"].shape == (3, *inputs["input_ids"].shape)  # temporal, height, width
