@@ -526,9 +526,9 @@ _FLOW_POLICY = {
 
 # decision heads (JEV): two questions on each prompt, a yes/no and a score, each marked at a token of the text
 _DECISIONS = {
-    "marks": lambda c: torch.tensor([c.length // 2, c.length]).expand(c.batch, -1),  # 1-based: the row before is read
+    "marks": lambda c: torch.tensor([[c.length // 2, c.length]] * c.batch),  # 1-based: the row before is read
     "num_options": lambda c: torch.full((c.batch, 2), 2),
-    "question_type_ids": lambda c: torch.tensor([0, 1]).expand(c.batch, -1),
+    "question_type_ids": lambda c: torch.tensor([[0, 1]] * c.batch),
 }
 
 
