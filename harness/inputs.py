@@ -173,6 +173,16 @@ def _patch_pixels(context: Context) -> torch.Tensor:
     return context.randn(context.batch, rows * columns, channels * patch * patch)
 
 
+def _pooled_patches(context: Context) -> torch.Tensor:
+    """Molmo 2: the patches each image token pools, 2 x 2 blocks of its image's patch grid, as indices into the
+    patches of all images."""
+    patch = getattr(context.sub("vision_config"), "patch_size", PATCH)
+    _channels, height, width = _image_shape(context)
+    rows, columns = height // patch, width // patch
+    grid = torch.arange(rows * columns).view(rows // 2, 2, columns // 2, 2).permute(0, 2, 1, 3).reshape(-1, 4)
+    return torch.cat([grid + image * rows * columns for image in range(context.batch)])
+
+
 def _flattened_patches(context: Context) -> torch.Tensor:
     """Pix2Struct and Kosmos-2.5: each patch row starts with its 1-based grid row and column (0 marks padding)."""
     vision = context.sub("vision_config")
@@ -590,6 +600,10 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     # DeepSeek-VL hybrid: the same image again for its high-resolution (SAM) tower
     "high_res_pixel_values": lambda c: c.randn(c.batch, 3, *[c.get("image_size", IMAGE, "high_res_vision_config")] * 2),
     "image_merge_sizes": _merge_sizes,
+    "image_token_pooling": _pooled_patches,
+    # tokens per image: a low-resolution grid (the pooled blocks here) and a high-resolution one (none)
+    "image_grids": lambda c: torch.tensor([[len(_pooled_patches(c)) // c.batch, 1, 0, 0]] * c.batch),
+    "image_num_crops": lambda c: torch.ones(c.batch, dtype=torch.long),
     "merge_sizes": _merge_sizes,
     "target_sizes": _target_sizes,
     "hidden_states": _hidden_states,

@@ -122,6 +122,7 @@ KINDS = {
     "PI0ForConditionalGeneration": "text+image",  # a robot state, denoising time and noise; one image per camera
     "JevForDecision": "text",  # questions marked in the prompt
     "FlavaForPreTraining": "text+image",  # no loss (its config asks for one), no per-token image mask
+    "Molmo2ForConditionalGeneration": "text+image",  # patches pooled into tokens by indices, as its processor lists
 }
 
 
