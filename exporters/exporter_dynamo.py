@@ -592,6 +592,35 @@ def _seeded_rotations(seed):
         torch.randn = draw
 
 
+@register_patch("dynamo", "transformers.models.led.modeling_led.LEDEncoder._pad_to_window_size")
+def _patch_led_pads_at_least_one_token(original):
+    """LED pads its input to a multiple of the attention window only when it is not one (`if padding_len > 0`, and
+    unpads likewise): on a dynamic length the trace keeps one branch and guards on the length's remainder. Padding
+    by 1 to `window` tokens instead (a whole masked window when the length is a multiple) takes one branch for
+    every length; padded tokens are masked keys and are cut from the output, so the real tokens see the same."""
+
+    def _pad_to_window_size(self, input_ids, attention_mask, inputs_embeds, pad_token_id):
+        window = self.config.attention_window
+        window = window if isinstance(window, int) else max(window)
+        length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+        padded_length = (length // window + 1) * window
+
+        def padded(tensor, filler):  # the tensor written over its padded length: no piece as long as the padding,
+            result = filler.expand(tensor.shape[0], padded_length, *tensor.shape[2:]).clone()  # whose size-1 case
+            result[:, :length] = tensor  # the trace would guard on
+            return result
+
+        if input_ids is not None:
+            input_ids = padded(input_ids, input_ids.new_tensor(pad_token_id))
+        if inputs_embeds is not None:
+            pad_embedding = self.embed_tokens(torch.tensor(self.config.pad_token_id, device=inputs_embeds.device))
+            inputs_embeds = padded(inputs_embeds, pad_embedding.to(inputs_embeds.dtype))
+        attention_mask = padded(attention_mask, attention_mask.new_tensor(False))
+        return padded_length - length, input_ids, attention_mask, inputs_embeds
+
+    return _pad_to_window_size
+
+
 @register_patch("dynamo", "transformers.models.reformer.modeling_reformer.LSHSelfAttention._hash_vectors")
 def _patch_reformer_padding_bucket_as_tensors(original):
     """Reformer's LSH attention adds a bucket for padding tokens when `attention_mask.sum().item()` shows padding, a

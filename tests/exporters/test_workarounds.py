@@ -304,9 +304,15 @@ def _global_tokens_in_one_sample(inputs):
     inputs["global_attention_mask"][1, :3] = 1
 
 
+def _a_whole_number_of_windows(inputs):  # which LED pads by a whole window, where eager pads nothing
+    for name, value in inputs.items():
+        inputs[name] = value[:, :4]
+
+
 @pytest.mark.parametrize("name, workaround, vary", [
     ("LongformerForMaskedLM", "_patch_longformer_attention_dense", _global_tokens_in_one_sample),
     ("LEDForQuestionAnswering", "_patch_longformer_attention_dense", _global_tokens_in_one_sample),
+    ("LEDModel", "_patch_led_pads_at_least_one_token", _a_whole_number_of_windows),
     ("ReformerModelWithLMHead", "_patch_reformer_padding_bucket_as_tensors", None),
 ])  # fmt: skip
 def test_a_rewritten_branch_matches_the_original_on_padded_inputs(name, workaround, vary):
@@ -327,17 +333,18 @@ def test_a_rewritten_branch_matches_the_original_on_padded_inputs(name, workarou
     assert_parity(rewritten, original, TOLERANCE["dynamo"])
 
 
-DYNAMIC_CASES = [  # (model class, workaround, the input whose batch axis it keeps dynamic)
+DYNAMIC_CASES = [  # (model class, workaround, the input whose axis it keeps dynamic)
     ("Wav2Vec2ForXVector", "_patch_xvector_masked_statistics", "attention_mask"),  # pooled sample by sample
     ("LlavaForConditionalGeneration", "_patch_llava_features_as_one_image", "pixel_values"),  # a list per image
+    ("LEDModel", "_patch_led_pads_at_least_one_token", "input_ids"),  # padded to the window by the length's remainder
 ]
 
 
 @pytest.mark.parametrize("name, workaround, input_name", DYNAMIC_CASES, ids=[case[1] for case in DYNAMIC_CASES])
-def test_a_model_keeps_its_batch_axis_dynamic_with_its_workaround(name, workaround, input_name):
+def test_a_model_keeps_its_axes_dynamic_with_its_workaround(name, workaround, input_name):
     context = _built_by_the_sweep(name)
     second = context.inputs["B"]
-    assert second[input_name].shape[0] != context.inputs["A"][input_name].shape[0]
+    assert second[input_name].shape != context.inputs["A"][input_name].shape
     exported = _export(context, "dynamo", dynamic=True)
     assert_parity(exported(**second), context.expected["B"], TOLERANCE["dynamo"])
     with disabled_workarounds(workaround):
