@@ -38,6 +38,7 @@ from .utils import (
     register_onnx_ir_fix,
     register_onnx_translation,
     register_patch,
+    report_applied,
 )
 
 _ONNX_TRANSLATION_TABLE = ONNX_TRANSLATIONS
@@ -127,9 +128,9 @@ class OnnxExporter:
                         verbose=False,
                     )
                     _name_inputs_and_outputs(onnx_program.model.graph, traced.input_names, traced.output_names)
-            if config.optimize:
-                with log.stage("optimize"):
-                    onnx_program.optimize()
+                if config.optimize:  # with the patches on the optimizer's internals
+                    with log.stage("optimize"):
+                        onnx_program.optimize()
             with log.stage("ir-fixes"):
                 log.note(fix.__name__ for fix in _IR_FIXES if fix(onnx_program.model))
         finally:
@@ -194,6 +195,23 @@ def _patch_refix_after_decompositions(original):
         return prepared
 
     return prepare
+
+
+@register_patch("onnx", "onnxscript.rewriter._matcher.SimplePatternMatcher._match_constant", reports=True)
+def _patch_optimizer_zero_means_zero(original):
+    """The optimizer's no-op rules (`x + 0`, `x - 0` -> `x`) match constants within an absolute tolerance of 1e-8,
+    so they delete the epsilon of a norm or a division guard written as `+ 1e-8` or `+ 1e-15` (Muse Spark's audio
+    tower), which changes results wherever the sum is that small. A constant matches a zero of the pattern only
+    when it is zero."""
+
+    def _match_constant(self, pattern_constant, value):
+        matched = original(self, pattern_constant, value)
+        if matched and pattern_constant._value == 0 and value.const_value.numpy().any():
+            report_applied()
+            return self.fail(f"Value {value.name} is not exactly zero.")
+        return matched
+
+    return _match_constant
 
 
 # ── Stage 3: FX node fixes ───────────────────────────────────────────────────

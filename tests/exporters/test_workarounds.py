@@ -392,6 +392,24 @@ def test_executorch_attention_sinks_softmax_matches_eager():
     torch.testing.assert_close(exported(scores=scores)["output"], torch.softmax(model(scores), -1), atol=1e-5, rtol=1e-5)
 
 
+class _TinyEpsilonNorm(torch.nn.Module):
+    """A norm whose epsilon sits below the ONNX optimizer's tolerance for zero (Muse Spark's audio tower)."""
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-8)
+
+
+def test_the_onnx_optimizer_keeps_an_epsilon_below_its_zero_tolerance():
+    model, x = _TinyEpsilonNorm().eval(), torch.randn(2, 8) * 1e-5  # a mean square of 1e-10: the epsilon dominates
+    exporter, config = exporters.exporter_for("onnx")
+    exported = exporter.export(model, {"x": x}, config)
+    assert "_patch_optimizer_zero_means_zero" in exported.applied
+    torch.testing.assert_close(exported(x=x)["output"], model(x), atol=1e-5, rtol=1e-4)
+    with disabled_workarounds("_patch_optimizer_zero_means_zero"):
+        without_epsilon = exporter.export(model, {"x": x}, config)
+    assert not torch.allclose(without_epsilon(x=x)["output"], model(x), atol=1e-3, rtol=1e-2)
+
+
 class _Softmaxed(torch.nn.Module):
     def __init__(self, inner):
         super().__init__()
