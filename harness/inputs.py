@@ -9,6 +9,7 @@ many as the vision tower emits, counted by running it once.
 from __future__ import annotations
 
 import inspect
+import math
 import re
 import sys
 from contextlib import contextmanager
@@ -162,11 +163,17 @@ def _image_tiles(context: Context) -> torch.Tensor:
     return context.randn(context.batch, 1, tiles, *_image_shape(context))
 
 
+def _patch_grid(context: Context) -> tuple[int, int]:
+    """The image's patches: (rows, columns)."""
+    patch = getattr(context.sub("vision_config"), "patch_size", PATCH)
+    _channels, height, width = _image_shape(context)
+    return max(1, height // patch), max(1, width // patch)
+
+
 def _patch_pixels(context: Context) -> torch.Tensor:
-    vision = context.sub("vision_config")
-    patch = getattr(vision, "patch_size", PATCH)
-    channels, height, width = _image_shape(context)
-    rows, columns = max(1, height // patch), max(1, width // patch)
+    patch = getattr(context.sub("vision_config"), "patch_size", PATCH)
+    channels = _image_shape(context)[0]
+    rows, columns = _patch_grid(context)
     if "spatial_shapes" in context.parameters:
         context.inputs_so_far["spatial_shapes"] = torch.tensor([[rows, columns]] * context.batch)
         context.inputs_so_far["pixel_attention_mask"] = torch.ones(context.batch, rows * columns, dtype=torch.long)
@@ -176,9 +183,7 @@ def _patch_pixels(context: Context) -> torch.Tensor:
 def _pooled_patches(context: Context) -> torch.Tensor:
     """Molmo 2: the patches each image token pools, 2 x 2 blocks of its image's patch grid, as indices into the
     patches of all images."""
-    patch = getattr(context.sub("vision_config"), "patch_size", PATCH)
-    _channels, height, width = _image_shape(context)
-    rows, columns = height // patch, width // patch
+    rows, columns = _patch_grid(context)
     grid = torch.arange(rows * columns).view(rows // 2, 2, columns // 2, 2).permute(0, 2, 1, 3).reshape(-1, 4)
     return torch.cat([grid + image * rows * columns for image in range(context.batch)])
 
@@ -394,9 +399,7 @@ def _merge_sizes(context: Context) -> torch.Tensor:
 
 def _target_sizes(context: Context) -> torch.Tensor:
     """MiniCPM-V: each image's size in patches, (rows, columns)."""
-    patch = getattr(context.sub("vision_config"), "patch_size", PATCH)
-    _channels, height, width = _image_shape(context)
-    return torch.tensor([[height // patch, width // patch]] * context.batch)
+    return torch.tensor([list(_patch_grid(context))] * context.batch)
 
 
 def _hidden_states(context: Context) -> torch.Tensor:
@@ -601,6 +604,10 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     "high_res_pixel_values": lambda c: c.randn(c.batch, 3, *[c.get("image_size", IMAGE, "high_res_vision_config")] * 2),
     "image_merge_sizes": _merge_sizes,
     "image_token_pooling": _pooled_patches,
+    "pooled_patches_idx": _pooled_patches,  # Molmo 2's adapter alone: the same indices, into its ViT features
+    # and the ViT features it pools: those of the layers it reads, side by side
+    "image_features": lambda c: c.randn(c.batch, math.prod(_patch_grid(c)),
+                                        c.get("hidden_size", 32) * len(c.get("vision_feature_layer", [-1]))),
     # tokens per image: a low-resolution grid (the pooled blocks here) and a high-resolution one (none)
     "image_grids": lambda c: torch.tensor([[len(_pooled_patches(c)) // c.batch, 1, 0, 0]] * c.batch),
     "image_num_crops": lambda c: torch.ones(c.batch, dtype=torch.long),

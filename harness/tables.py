@@ -147,9 +147,9 @@ TINY_OVERRIDES: dict[str, dict] = {
         "qk_nope_head_dim": 8, "v_head_dim": 8, "qk_rope_head_dim": 8}}},
     # the audio adapter reads the audio encoder's states: its input width is the encoder's (checked by the config)
     "dots3_note_audio_encoder": {"adapter_input_size": 32},
-    # the adapter reads vision layers 24 and 18: the two layers a tiny tower has; its ViT adds one position
-    # embedding per patch of the tiny image (4 x 4)
-    "molmo2": {"adapter_config.vision_feature_layer": [-1, -2], "vision_config.num_position_embeddings": 16},
+    # the adapter reads vision layers 24 and 18: the two layers a tiny tower has
+    "molmo2": {"adapter_config.vision_feature_layer": [-1, -2]},
+    "molmo2_vision": {"num_position_embeddings": 16},  # one per patch of the tiny image (4 x 4)
     # image_size / num_windows must be divisible by sqrt(num_windows)
     "lw_detr_vit": {"num_windows": 4},
     # the backbone's features reach the decoder through one projector per scale, which checkpoints list (none by
@@ -341,6 +341,7 @@ PIXEL_LAYOUTS: dict[str, str] = {
     "colqwen2": "padded-patches",  # its processor pads each image's patches to a row: images x patches x C*T*P*P
     # a list of images per sample whose pixel_attention_mask flags the real images (tiles), batch x 1
     "molmo2": "patches",  # one crop per image, its patches flattened: batch x patches x C*P*P
+    "molmo2_vision": "patches",
     "granite_docling": "flagged-images",
     "pi0": "flagged-images",  # one image per camera, flagged present
     # one image cut in up to max_num_tiles tiles, batch x 1 x tiles x C x H x W; here a 1:1 image in one tile

@@ -123,6 +123,7 @@ KINDS = {
     "JevForDecision": "text",  # questions marked in the prompt
     "FlavaForPreTraining": "text+image",  # no loss (its config asks for one), no per-token image mask
     "Molmo2ForConditionalGeneration": "text+image",  # patches pooled into tokens by indices, as its processor lists
+    "Molmo2Adapter": "other",  # the same indices, and the ViT features of the layers it reads
 }
 
 
