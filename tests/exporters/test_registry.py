@@ -15,10 +15,9 @@ class Doubler(torch.nn.Module):
 
 @pytest.fixture
 def scratch_patches():
-    """Registrations made by a test are removed after it. The exporters register their own on import: imported
-    first, so that restoring the saved lists cannot drop those of an exporter the test happened to import."""
-    for backend in exporters.EXPORTERS:
-        exporters.exporter_for(backend)
+    """Registrations made by a test are removed after it. The exporters' own are loaded first: restoring the saved
+    lists must not drop those of an exporter the test happened to import."""
+    utils.load_registrations()
     saved = {backend: list(patches) for backend, patches in utils._PATCHES.items()}
     yield
     for backend, patches in saved.items():

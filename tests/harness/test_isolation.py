@@ -32,6 +32,7 @@ def _blow_up_memory():
 @pytest.fixture
 def fault_once(tmp_path):
     """Install a Dynamo patch that runs ``fault`` the first time a trace calls it (a marker file remembers)."""
+    utils.load_registrations()  # before saving: restoring must not drop the exporters' own patches
     saved = list(utils._PATCHES["dynamo"])
 
     def install(fault):
@@ -122,6 +123,7 @@ def _bert_cell_with_layer_norm_patch(shape_mode, factory):
     """BertModel's Dynamo cell, traced with ``factory`` patching layer norm; the patch is unregistered after."""
     from harness.cells import ClassContext, run_cell
 
+    utils.load_registrations()
     saved = list(utils._PATCHES["dynamo"])
     utils.register_patch("dynamo", "torch.nn.functional.layer_norm")(factory)
     try:

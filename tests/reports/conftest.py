@@ -66,6 +66,7 @@ def real_run(tmp_path_factory):
     directory = tmp_path_factory.mktemp("real-run")
     store = RunStore(directory)
     store.create({"models": "BertModel,GPT2Model", "backends": ["dynamo", "onnx"], "shapes": ["static"]})
+    utils.load_registrations()  # before saving: restoring must not drop the exporters' own patches
     saved = list(utils._PATCHES["onnx"])
 
     @utils.register_patch("onnx", "torch.nn.functional.layer_norm")
