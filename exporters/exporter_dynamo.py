@@ -605,9 +605,11 @@ def _patch_led_pads_at_least_one_token(original):
         length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
         padded_length = (length // window + 1) * window
 
-        def padded(tensor, filler):  # the tensor written over its padded length: no piece as long as the padding,
-            result = filler.expand(tensor.shape[0], padded_length, *tensor.shape[2:]).clone()  # whose size-1 case
-            result[:, :length] = tensor  # the trace would guard on
+        # the tensor written over a filled one of the padded length: no tensor as long as the padding alone, whose
+        # length of 1 the trace would guard on
+        def padded(tensor, filler):
+            result = filler.expand(tensor.shape[0], padded_length, *tensor.shape[2:]).clone()
+            result[:, :length] = tensor
             return result
 
         if input_ids is not None:

@@ -608,8 +608,8 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     # and the ViT features it pools: those of the layers it reads, side by side
     "image_features": lambda c: c.randn(c.batch, math.prod(_patch_grid(c)),
                                         c.get("hidden_size", 32) * len(c.get("vision_feature_layer", [-1]))),
-    # tokens per image: a low-resolution grid (the pooled blocks here) and a high-resolution one (none)
-    "image_grids": lambda c: torch.tensor([[len(_pooled_patches(c)) // c.batch, 1, 0, 0]] * c.batch),
+    # tokens per image: a low-resolution grid (the 2 x 2 blocks pooled here) and a high-resolution one (none)
+    "image_grids": lambda c: torch.tensor([[math.prod(_patch_grid(c)) // 4, 1, 0, 0]] * c.batch),
     "image_num_crops": lambda c: torch.ones(c.batch, dtype=torch.long),
     "merge_sizes": _merge_sizes,
     "target_sizes": _target_sizes,
@@ -663,8 +663,8 @@ _RULES: dict[str, Callable[[Context], Any]] = {
 _ALWAYS = ("attention_mask", "token_type_ids", "decoder_input_ids", "pixel_values", "bbox", "noise", "lang_ids",
            "visual_feats", "visual_pos", "image_attention_mask", "global_attention_mask", "target_sizes", "grid_thw",
            "input_features", "decoder_input_values", "thinker_reply_part", "input_text_ids", "flattened_patches",
-           "image_embeds_position_mask", "image_grid_hw", "high_res_pixel_values", "sample", "return_loss", "question_positions",
-           "timestep", *_TRAJECTORY, *_ENTITIES)
+           "image_embeds_position_mask", "image_grid_hw", "high_res_pixel_values", "sample", "return_loss",
+           "question_positions", "timestep", *_TRAJECTORY, *_ENTITIES)
 
 
 def _parameters(model) -> dict[str, inspect.Parameter]:
@@ -929,9 +929,8 @@ def _features_owner(model, modality: str):
     """``get_<modality>_features`` of the model, or of its inner ``model`` or encoder when the outer one forwards
     what its signature does not name (``*args``, or fewer parameters than the inner one requires)."""
     method = f"get_{modality}_features"
-    # the encoder: T5Gemma 2's classifiers
     inner = getattr(model, "model", None)
-    # the wrapped VLM: retrievers (ColPali) and robot policies (PI0, one level down)
+    # the encoder: T5Gemma 2's classifiers; the wrapped VLM: retrievers (ColPali), robot policies (PI0, one down)
     owners = (model, inner, _encoder_of(model), getattr(model, "vlm", None), getattr(inner, "vlm", None))
     found = [getattr(owner, method) for owner in owners if hasattr(owner, method)]
 
@@ -1020,4 +1019,5 @@ def _token_types(config, input_ids: torch.Tensor) -> torch.Tensor:
 def _takes_text(model) -> bool:
     """Multimodal models whose main input is an image or audio but that also read text (CLIP, Whisper decoders)."""
     config = vars(model.config)
-    return bool(config.get("text_config") or config.get("vlm_config")) or any(key.endswith("vocab_size") for key in config)
+    wrapped = config.get("text_config") or config.get("vlm_config")
+    return bool(wrapped) or any(key.endswith("vocab_size") for key in config)

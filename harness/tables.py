@@ -99,7 +99,8 @@ TINY_OVERRIDES: dict[str, dict] = {
     "pp_ocrv5_mobile_det": {"initializer_range": 0.2},
     "pp_ocrv5_server_det": _PPOCR_SERVER_NECK,
     "pp_ocrv6_medium_det": {**_PPOCR_SERVER_NECK, **_PPOCR_DET_BACKBONE},
-    "pp_ocrv6_small_det": {**_PPOCR_DET_BACKBONE, "layer_list_out_channels": [32, 32, 64, 64], "initializer_range": 0.2},
+    "pp_ocrv6_small_det": {**_PPOCR_DET_BACKBONE, "layer_list_out_channels": [32, 32, 64, 64],
+                           "initializer_range": 0.2},
     # the sparse-attention indexer is sized by checkpoints only (defaults None); one key head, as it requires
     "qwen4_exp_text": _QWEN4_INDEXER,
     # its cache sizes heads from widths rounded up to 64 while its layers do not: widths that need no rounding
