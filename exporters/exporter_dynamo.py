@@ -646,6 +646,55 @@ def _patch_reformer_padding_bucket_as_tensors(original):
     return _hash_vectors
 
 
+@register_patch("dynamo", "transformers.models.funnel.modeling_funnel.FunnelAttentionStructure.get_position_embeds")
+def _patch_funnel_positions_by_their_ends(original):
+    """Funnel's relative-shift attention lists every token position in Python (`list(range(seq_len))`) and pools
+    the list block by block, which fixes the sequence length in the trace. Its relative distances read only the
+    first and last positions and the count of each list: those, kept as numbers, give the same distances for any
+    length. A list is (first, second, step, count): its first position, then an arithmetic run from the second."""
+
+    def get_position_embeds(self, seq_len, dtype, device):
+        if self.config.attention_type == "factorized":
+            return original(self, seq_len, dtype, device)
+        d_model = self.config.d_model
+        inv_freq = 1 / (10000 ** (torch.arange(0, d_model // 2, dtype=torch.int64, device=device).to(dtype)
+                                  / (d_model // 2)))
+        zero_offset = seq_len * 2
+        relative = torch.arange(-seq_len * 2, seq_len * 2, dtype=torch.int64, device=device).to(dtype)
+        sinusoid = relative[:, None] * inv_freq[None]
+        pos_embed = torch.cat([self.sin_dropout(torch.sin(sinusoid)), self.cos_dropout(torch.cos(sinusoid))], dim=-1)
+
+        def last(positions):
+            first, second, step, count = positions
+            return first if count == 1 else second + (count - 2) * step
+
+        def pooled(positions, block_index):  # `stride_pool_pos`
+            first, second, step, count = positions
+            if not self.config.separate_cls:
+                return first, first + 2 * step, 2 * step, (count + 1) // 2
+            kept = count - 2 if self.config.truncate_seq else count - 1
+            return 1 - 2**block_index, second, 2 * step, 1 + (kept + 1) // 2
+
+        def distances(positions, stride, pooled_positions, shift):  # `relative_pos`
+            top = pooled_positions[0] - positions[0] + shift * pooled_positions[3] * stride
+            bottom = pooled_positions[0] - last(positions)
+            rows = torch.arange(top, bottom - 1, -stride, dtype=torch.long, device=device)
+            return torch.gather(pos_embed, 0, (rows[:, None] + zero_offset).expand(rows.size(0), d_model))
+
+        positions = (0, 1, 1, seq_len)
+        embeds = []
+        for block_index in range(self.config.num_blocks):
+            between = None
+            if block_index > 0:
+                pooled_positions = pooled(positions, block_index)
+                between = distances(positions, 2 ** (block_index - 1), pooled_positions, shift=2)
+                positions = pooled_positions
+            embeds.append([distances(positions, 2**block_index, positions, shift=1), between])
+        return embeds
+
+    return get_position_embeds
+
+
 @register_patch("dynamo", "transformers.models.hunyuan_vl.modeling_hunyuan_vl.HunYuanVLModel.get_placeholder_mask")
 def _patch_hunyuan_vl_placeholder_check_as_tensor(original):
     """HunYuan-VL compares its placeholder count with its image features by a Python `if` on the size of a

@@ -314,6 +314,7 @@ def _a_whole_number_of_windows(inputs):  # which LED pads by a whole window, whe
     ("LEDForQuestionAnswering", "_patch_longformer_attention_dense", _global_tokens_in_one_sample),
     ("LEDModel", "_patch_led_pads_at_least_one_token", _a_whole_number_of_windows),
     ("ReformerModelWithLMHead", "_patch_reformer_padding_bucket_as_tensors", None),
+    ("FunnelForMaskedLM", "_patch_funnel_positions_by_their_ends", None),
 ])  # fmt: skip
 def test_a_rewritten_branch_matches_the_original_on_padded_inputs(name, workaround, vary):
     """The inputs of the sweep with padding (and whatever else ``vary`` changes): eager with the patch installed."""
@@ -331,6 +332,17 @@ def test_a_rewritten_branch_matches_the_original_on_padded_inputs(name, workarou
             rewritten = exporters.named_leaves(context.model(**inputs))
     assert workaround in fired
     assert_parity(rewritten, original, TOLERANCE["dynamo"])
+
+
+def test_funnel_keeps_its_sequence_axis_dynamic():
+    """Its positions were a Python list as long as the sequence, which fixed the length in the trace."""
+    context = _built_by_the_sweep("FunnelForMaskedLM")
+    exported = _export(context, "dynamo", dynamic=True)
+    assert "_patch_funnel_positions_by_their_ends" in exported.applied
+    assert isinstance(exported.metadata["input_shapes"]["input_ids"][1], str)  # a symbol
+    with disabled_workarounds("_patch_funnel_positions_by_their_ends"):
+        length_fixed = _export(context, "dynamo", dynamic=True)
+    assert length_fixed.metadata["input_shapes"]["input_ids"][1] == context.inputs["A"]["input_ids"].shape[1]
 
 
 DYNAMIC_CASES = [  # (model class, workaround, the input whose axis it keeps dynamic)
