@@ -55,13 +55,12 @@ _DETR_SIGNAL = {"initializer_range": 0.2, "backbone_config.initializer_range": 0
 
 # PP-OCR detectors: what only their checkpoints set. The intra-class blocks' convolutions as (kernel, stride,
 # padding): square, tall and wide kernels that keep the map's size, as the block's docstring describes.
+_PPOCR_KERNELS = {"long": 7, "mid": 5, "short": 3}
 _PPOCR_INTRACLASS = {
     "reduce_channel": [1, 1, 0], "return_channel": [1, 1, 0],
-    **{f"symmetric_conv_long_{ratio}ratio": [k, 1, k // 2] for ratio, k in (("long", 7), ("mid", 5), ("short", 3))},
-    **{f"vertical_long_to_small_conv_{ratio}ratio": [[k, 1], 1, [k // 2, 0]]
-       for ratio, k in (("long", 7), ("mid", 5), ("short", 3))},
-    **{f"horizontal_small_to_long_conv_{ratio}ratio": [[1, k], 1, [0, k // 2]]
-       for ratio, k in (("long", 7), ("mid", 5), ("short", 3))},
+    **{f"symmetric_conv_long_{ratio}ratio": [k, 1, k // 2] for ratio, k in _PPOCR_KERNELS.items()},
+    **{f"vertical_long_to_small_conv_{ratio}ratio": [[k, 1], 1, [k // 2, 0]] for ratio, k in _PPOCR_KERNELS.items()},
+    **{f"horizontal_small_to_long_conv_{ratio}ratio": [[1, k], 1, [0, k // 2]] for ratio, k in _PPOCR_KERNELS.items()},
 }
 # the intra-class neck: its four stages' maps upsampled to the finest; and the signal kept through the plain convs
 _PPOCR_SERVER_NECK = {"intraclass_block_config": _PPOCR_INTRACLASS, "scale_factor_list": [1, 2, 4, 8],
