@@ -186,9 +186,10 @@ TINY_OVERRIDES: dict[str, dict] = {
     # num_hidden_layers counts cache slots (per stack x cycles), derived from the per-stack count when that is unset
     "hrm_text": {"num_layers_per_stack": None},
     # the depth head's bottleneck is a fixed 256 channels unless said otherwise; at the default init scale the
-    # signal fades through its dozens of convolutions until the depth no longer depends on the image
+    # signal fades through its dozens of convolutions until the depth no longer depends on the image; at 0.2 it grows
+    # into the thousands, where float rounding summed in another order by an export exceeds the parity tolerance
     # and its BEiT backbone feeds the stages after the stem, which the beit row's fitted indices would include
-    "zoedepth": {"bottleneck_features": 32, "initializer_range": 0.2, "backbone_config.out_indices": [1, 2, 3, 4],
+    "zoedepth": {"bottleneck_features": 32, "initializer_range": 0.14, "backbone_config.out_indices": [1, 2, 3, 4],
                  "backbone_config.out_features": ["stage1", "stage2", "stage3", "stage4"]},
     # the last layers read keys and values shared from earlier ones: with two layers, none may share
     "gemma3n_text": {"num_kv_shared_layers": 0},
