@@ -711,6 +711,31 @@ def _patch_hunyuan_vl_placeholder_check_as_tensor(original):
     return get_placeholder_mask
 
 
+@register_patch("dynamo", "transformers.models.ovis2.modeling_ovis2.Ovis2Model.forward")
+def _patch_ovis2_visual_indicators_by_where(original):
+    """Ovis2 writes its visual indicator features into the embeddings under `if mask.any()`, a branch on token
+    values. The same rows chosen by `torch.where` before the forward, which then runs on those embeddings with no
+    indicator ids left to look for."""
+
+    def forward(self, input_ids=None, pixel_values=None, *args, mm_encoder_outputs=None, **kwargs):
+        precomputed = mm_encoder_outputs is not None or kwargs.get("inputs_embeds") is not None
+        if input_ids is None or pixel_values is None or precomputed or args:
+            return original(self, input_ids, pixel_values, *args, mm_encoder_outputs=mm_encoder_outputs, **kwargs)
+        kwargs.pop("inputs_embeds", None)
+        image = self.get_image_features(pixel_values=pixel_values, return_dict=True)
+        embeds = self.get_input_embeddings()(input_ids)
+        for index, token_id in enumerate(self.visual_indicator_token_ids):
+            feature = image.visual_indicator_features[index].to(embeds.dtype)
+            embeds = torch.where((input_ids == token_id)[..., None], feature, embeds)
+        indicator_ids, self.visual_indicator_token_ids = self.visual_indicator_token_ids, []
+        try:
+            return original(self, None, None, inputs_embeds=embeds, mm_encoder_outputs={"image": image}, **kwargs)
+        finally:
+            self.visual_indicator_token_ids = indicator_ids
+
+    return forward
+
+
 @register_patch("dynamo", "transformers.models.llama4.modeling_llama4.Llama4VisionRotaryEmbedding.forward")
 def _patch_llama4_vision_rotary_as_pairs(_original):
     """Llama 4's vision tower keeps its 2-D rotary table as a complex buffer. The same table as real (cos, sin)

@@ -393,10 +393,20 @@ def _fit_token_ids(values: dict) -> None:
             continue
         if isinstance(value, int) and not isinstance(value, bool):
             if value >= vocab:
-                values[key] = next(i for i in range(vocab - 1, SPECIAL_FLOOR - 1, -1) if i not in taken)
+                values[key] = _free_token_id(vocab, taken)
             taken.add(values[key])
-        elif _int_list(value):
-            values[key] = [v if v < vocab else vocab - 1 - (i % 4) for i, v in enumerate(value)]
+        elif _int_list(value):  # distinct ids stay distinct (Ovis2's visual indicators beside its image token)
+            moved = {}
+            for old in value:
+                if old >= vocab and old not in moved:
+                    moved[old] = _free_token_id(vocab, taken)
+                    taken.add(moved[old])
+            values[key] = [moved.get(v, v) for v in value]
+
+
+def _free_token_id(vocab: int, taken: set[int]) -> int:
+    """The highest id of the vocabulary no special token holds yet (its top one when the special range is full)."""
+    return next((i for i in range(vocab - 1, SPECIAL_FLOOR - 1, -1) if i not in taken), vocab - 1)
 
 
 # Qwen-VL models fall back to these sections when the config names none (for a 128-wide head).

@@ -283,6 +283,7 @@ CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaroun
     ("UdopForConditionalGeneration", "onnx", "_patch_udop_patches_as_fixed_rows", "data is not allocated"),
     ("LongformerForMaskedLM", "dynamo", "_patch_longformer_attention_dense", "data-dependent"),  # global tokens
     ("HunYuanVLForConditionalGeneration", "dynamo", "_patch_hunyuan_vl_placeholder_check_as_tensor", "data-dep"),
+    ("Ovis2Model", "dynamo", "_patch_ovis2_visual_indicators_by_where", "data-dependent"),
     # a padding bucket picked by .item(); its bucket cache, hashed by seeded rotations, is an output
     ("ReformerModelWithLMHead", "dynamo", "_patch_reformer_padding_bucket_as_tensors", "data-dependent"),
 ]
@@ -304,6 +305,10 @@ def _global_tokens_in_one_sample(inputs):
     inputs["global_attention_mask"][1, :3] = 1
 
 
+def _visual_indicators_after_the_image(inputs):
+    inputs["input_ids"][:, -6:-1] = torch.tensor([122, 123, 124, 125, 126])  # Ovis2's indicator ids, tiny
+
+
 def _a_whole_number_of_windows(inputs):  # which LED pads by a whole window, where eager pads nothing
     for name, value in inputs.items():
         inputs[name] = value[:, :4]
@@ -315,6 +320,7 @@ def _a_whole_number_of_windows(inputs):  # which LED pads by a whole window, whe
     ("LEDModel", "_patch_led_pads_at_least_one_token", _a_whole_number_of_windows),
     ("ReformerModelWithLMHead", "_patch_reformer_padding_bucket_as_tensors", None),
     ("FunnelForMaskedLM", "_patch_funnel_positions_by_their_ends", None),
+    ("Ovis2Model", "_patch_ovis2_visual_indicators_by_where", _visual_indicators_after_the_image),
 ])  # fmt: skip
 def test_a_rewritten_branch_matches_the_original_on_padded_inputs(name, workaround, vary):
     """The inputs of the sweep with padding (and whatever else ``vary`` changes): eager with the patch installed."""

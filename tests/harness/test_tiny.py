@@ -170,6 +170,14 @@ def test_a_vision_language_model_gets_one_placeholder_per_image_feature():
     assert placeholders.min() > 0 and placeholders.min() == placeholders.max()
 
 
+def test_special_ids_moved_into_the_tiny_vocabulary_stay_distinct():
+    ovis2 = tiny_config(select("Ovis2Model")[0])  # a list of indicator ids beside the image placeholder
+    moved = [ovis2.image_token_id, *ovis2.visual_indicator_token_ids]
+    assert len(set(moved)) == len(moved) and max(moved) < ovis2.text_config.vocab_size
+    glm = tiny_config(select("GlmModel")[0])  # padding apart from the end of text
+    assert glm.pad_token_id not in glm.eos_token_id
+
+
 def test_sizes_shrink_and_agree_across_sub_configs():
     config = tiny_config(select("LlavaForConditionalGeneration")[0])
     assert config.text_config.hidden_size == config.vision_config.hidden_size == WIDTH
