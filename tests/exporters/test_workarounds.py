@@ -256,8 +256,10 @@ def test_packed_attention_under_a_data_dependent_length_exports():
 @pytest.mark.parametrize("name, size_input, backend, error", [
     ("LlavaNextForConditionalGeneration", "image_sizes", "onnx", "data-dependent"),  # picks its tiles by them
     ("Qwen2VLForConditionalGeneration", "image_grid_thw", "executorch", "finite upper bound"),  # sizes per image
+    # chunks its audio frames by the number the mask marks real
+    ("Qwen2_5OmniThinkerForConditionalGeneration", "feature_attention_mask", "dynamo", "data-dependent"),
 ])  # fmt: skip
-def test_a_static_export_bakes_in_the_image_geometry(monkeypatch, name, size_input, backend, error):
+def test_a_static_export_bakes_in_the_image_and_audio_geometry(monkeypatch, name, size_input, backend, error):
     context = _built_by_the_sweep(name)
     exported = _export(context, backend)
     assert size_input not in exported.input_names and "size_inputs_as_constants" in exported.applied
