@@ -222,6 +222,10 @@ def _input_features(context: Context) -> torch.Tensor:
     config = context.sub("audio_config", "encoder_config", "encoder")
     config = getattr(config, "asr_config", None) or config  # Nemotron 3.5 Transcribe: the speech encoder's config
     bins = getattr(config, "num_mel_bins", None) or getattr(config, "feature_size", None)
+    chroma = getattr(context.config, "num_chroma", None)
+    if chroma:  # MusicGen Melody conditions on a chromagram, (batch, frames, pitch classes); torchaudio makes it
+        context.frame_axis = 1
+        return context.randn(context.batch, 64, chroma)
     per_token = AUDIO_FRAMES_PER_TOKEN.get(context.config.model_type)
     if per_token:
         return context.randn(context.batch, bins or 80, per_token * context.length)
@@ -343,12 +347,19 @@ def _decoder_input_ids(context: Context) -> torch.Tensor | None:
     """For encoder-decoder models only: a decoder-only language model has no decoder inputs."""
     configs = [context.config, getattr(context.config, "text_config", None)]
     if any(getattr(config, "is_encoder_decoder", False) for config in configs if config is not None):
-        return context.tokens()
+        codebooks = _decoder_codebooks(context.config)
+        return context.tokens(batch=context.batch * codebooks) if codebooks else context.tokens()
     if context.parameters["decoder_input_ids"].default is inspect.Parameter.empty:
         return context.tokens()
     if getattr(context.config, "canvas_length", None):  # block diffusion: else a canvas drawn at random
         return context.tokens()
     return None
+
+
+def _decoder_codebooks(config) -> int | None:
+    """MusicGen's decoder reads audio codes, one row per codebook: (batch * codebooks, length)."""
+    codebooks = getattr(getattr(config, "decoder", None), "num_codebooks", None)
+    return codebooks if isinstance(codebooks, int) and codebooks > 1 else None
 
 
 def _token_type_ids(context: Context) -> torch.Tensor:
@@ -684,12 +695,14 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
         special_token_ids(model.config),
     )  # fmt: skip
     inputs = context.inputs_so_far
-    main = MAIN_INPUTS.get(type(model).__name__) or getattr(model, "main_input_name", "input_ids")
+    alone = MAIN_INPUTS.get(type(model).__name__)
+    main = alone or getattr(model, "main_input_name", "input_ids")
     main = main[0] if isinstance(main, (list, tuple)) else main
     wanted = [main] if main in parameters else []
     for name, parameter in parameters.items():
         required = parameter.default is inspect.Parameter.empty
-        text_beside = name == "input_ids" and main not in ("input_ids", "inputs_embeds") and _takes_text(model)
+        text_beside = (name == "input_ids" and main not in ("input_ids", "inputs_embeds") and not alone
+                       and _takes_text(model))
         if name not in wanted and (required or name in _ALWAYS or text_beside):
             wanted.append(name)
     for name in wanted:
@@ -874,7 +887,8 @@ def unfed_modalities(model, inputs: dict) -> list[str]:
         tower = towers[modality]
         if tower in vars(model.config) and model.config.__dict__[tower] is None:
             continue
-        if modality == "audio" and name == "input_values" and "input_features" in inputs:
+        codes_fed = "decoder_input_ids" in inputs and _decoder_codebooks(model.config)  # an audio prompt makes them
+        if modality == "audio" and name == "input_values" and ("input_features" in inputs or codes_fed):
             continue
         if name == "inputs" and not _inputs_are_audio(parameters):
             continue

@@ -185,6 +185,8 @@ TINY_OVERRIDES: dict[str, dict] = {
     "dbrx": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8.0},
     # num_hidden_layers counts cache slots (per stack x cycles), derived from the per-stack count when that is unset
     "hrm_text": {"num_layers_per_stack": None},
+    # its decoder reads key/value heads its config does not declare: unset, they are as many as the query heads
+    "moonshine_streaming": {"num_key_value_heads": None},
     # the depth head's bottleneck is a fixed 256 channels unless said otherwise; at the default init scale the
     # signal fades through its dozens of convolutions until the depth no longer depends on the image; at 0.2 it grows
     # into the thousands, where float rounding summed in another order by an export exceeds the parity tolerance
@@ -213,6 +215,10 @@ TINY_OVERRIDES: dict[str, dict] = {
     "sam2_video": {"prompt_encoder_config.patch_size": 16},
     # the codec's channels double at each of its four downsampling stages: start narrow (5.7 M weights at 32)
     "mimi": {"num_filters": 4},
+    # MusicGen's EnCodec (14 M weights at 32) turns generated codes into sound, outside the forward; EnCodec alone
+    # keeps its width, below which its codes stop moving with the audio
+    "musicgen": {"audio_encoder.num_filters": 4},
+    "musicgen_melody": {"audio_encoder.num_filters": 4},
     # and VibeVoice's tokenizers' at each of six (86 M weights each at 32)
     "vibevoice_acoustic_tokenizer": {"num_filters": 2},
     "vibevoice_acoustic_tokenizer_encoder": {"num_filters": 2},
@@ -367,9 +373,11 @@ PIXEL_LAYOUTS: dict[str, str] = {
     "minicpmv4_7_vision": "packed",
 }
 
-# model class -> the input its forward really starts from, where main_input_name says otherwise.
+# model class -> the input its forward really starts from, where main_input_name says otherwise; it is fed alone
+# (no token ids beside it)
 MAIN_INPUTS: dict[str, str] = {
     "SeamlessM4TTextToUnitModel": "inputs_embeds",  # its encoder refuses token ids: it reads the text model's states
+    "Pop2PianoForConditionalGeneration": "input_features",  # its encoder reads the audio features in place of tokens
 }
 
 # model class -> {"atol": ..., "rtol": ..., "backends": [...], "reason": ...}: a tolerance wider than the default,

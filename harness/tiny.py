@@ -288,8 +288,11 @@ def _restore_invariants(config, values: dict, original_layers: int | None) -> No
     original = vars(config)
     # key/value heads divide their query heads, per attention kind ("swa_num_key_value_heads" goes with
     # "swa_num_attention_heads"); multi-head attention stays multi-head (MLA expands keys to every head)
-    for key in [k for k in values if re.fullmatch(r"(\w+_)?(num_key_value_heads|num_kv_heads|n_kv_heads)(_per_layer)?", k)]:
-        prefix = key[: key.index("n")] if not key.startswith("n") else ""
+    for key in list(values):
+        kv_key = re.fullmatch(r"(\w+_)?(num_key_value_heads|num_kv_heads|n_kv_heads)(_per_layer)?", key)
+        if not kv_key:
+            continue
+        prefix = kv_key.group(1) or ""
         query_key = next((k for k in (f"{prefix}num_attention_heads", f"{prefix}num_heads") if _int(values.get(k))), None)
         query_heads = values[query_key] if query_key else heads
         if not query_heads:

@@ -124,6 +124,11 @@ KINDS = {
     "FlavaForPreTraining": "text+image",  # no loss (its config asks for one), no per-token image mask
     "Molmo2ForConditionalGeneration": "text+image",  # patches pooled into tokens by indices, as its processor lists
     "Molmo2Adapter": "other",  # the same indices, and the ViT features of the layers it reads
+    "MoonshineForConditionalGeneration": "text+audio",  # queries shaped by the key/value head count: the encoder's too
+    "MoonshineStreamingForConditionalGeneration": "text+audio",  # key/value heads its config does not declare
+    "MusicgenForConditionalGeneration": "text",  # its decoder's audio codes, a row per codebook
+    "MusicgenMelodyForConditionalGeneration": "text+audio",  # a chromagram: 12 pitch classes per frame
+    "Pop2PianoForConditionalGeneration": "text+audio",  # audio features in place of token ids
 }
 
 
