@@ -185,6 +185,16 @@ TINY_OVERRIDES: dict[str, dict] = {
     "dbrx": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8.0},
     # num_hidden_layers counts cache slots (per stack x cycles), derived from the per-stack count when that is unset
     "hrm_text": {"num_layers_per_stack": None},
+    # box position widths derived from the width (a quarter, split over 8 coordinates) must come out even
+    "bros": {"hidden_size": 64},
+    # its vision attention has a head per 64 channels, and the cross-modal layers join the two widths; its contrastive
+    # head reads a width and a logit scale its config does not declare (CLIP's 2.6592)
+    "bridgetower": {"text_config.hidden_size": 64, "vision_config.hidden_size": 64, "hidden_size": 64,
+                    "contrastive_hidden_size": 32, "logit_scale_init_value": 2.6592},
+    # its kernel predictor emits a hidden x hidden kernel per layer and step: 7 M weights at 32 channels
+    "univnet": {"model_hidden_channels": 8},
+    # its durations and latents draw noise scaled by these: at zero the speech is the same on every call
+    "vits": {"noise_scale": 0.0, "noise_scale_duration": 0.0},
     # its decoder reads key/value heads its config does not declare: unset, they are as many as the query heads
     "moonshine_streaming": {"num_key_value_heads": None},
     # the depth head's bottleneck is a fixed 256 channels unless said otherwise; at the default init scale the
@@ -262,6 +272,8 @@ TINY_OVERRIDES: dict[str, dict] = {
     # (and at the default init scale the text-line signal fades to nothing before the head)
     "pp_ocrv5_mobile_rec": {"image_size": [96, 64], "initializer_range": 0.2},
     "pp_ocrv5_server_rec": {"image_size": [48, 64], "initializer_range": 0.2},
+    "pp_ocrv6_small_rec": {"image_size": [48, 64], "initializer_range": 0.2},
+    "pp_ocrv6_tiny_rec": {"image_size": [48, 64], "initializer_range": 0.2},
     # the flow head is conditioned on the backbone's hidden states: same width (checked by the config)
     "gradium_phonon_tts": {"flow_head_config.condition_dim": 32},
     # the adaptor's bottleneck is a quarter of the text width (checked by the config)
@@ -331,6 +343,11 @@ AUDIO_FRAME_MULTIPLES: dict[str, int] = {
 # then batch x channels x samples)
 RAW_AUDIO_CHANNELS: dict[str, int] = {
     "vibevoice_asr": 1,  # its tokenizers convolve (batch, 1, samples); its docstring says (batch, samples)
+    "vibevoice": 1,  # and VibeVoice's own, and theirs alone
+    "vibevoice_acoustic_tokenizer": 1,
+    "pe_audio": 1,  # its codec encoder convolves (batch, 1, samples)
+    "pe_audio_encoder": 1,
+    "xcodec": 1,  # refuses anything but mono (batch, 1, samples)
 }
 
 # model type -> how it takes pixels, where its forward signature does not say: "patches" (flattened patches,

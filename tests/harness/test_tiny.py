@@ -129,6 +129,13 @@ KINDS = {
     "MusicgenForConditionalGeneration": "text",  # its decoder's audio codes, a row per codebook
     "MusicgenMelodyForConditionalGeneration": "text+audio",  # a chromagram: 12 pitch classes per frame
     "Pop2PianoForConditionalGeneration": "text+audio",  # audio features in place of token ids
+    "VitsModel": "text",  # noise scaled to nothing: the same speech on every call
+    "UnivNetModel": "audio",  # its noise fed beside the spectrogram
+    "PeAudioModel": "text+audio",  # mono (batch, 1, samples)
+    "VibeVoiceForConditionalGeneration": "text+audio",  # mono (batch, 1, samples)
+    "BrosModel": "text",  # box embedding widths derived from the width, even
+    "BridgeTowerForContrastiveLearning": "text+image",  # a head per 64 vision channels; undeclared head sizes
+    "PPOCRV6SmallRecForTextRecognition": "image",  # a text line tall enough to pool
 }
 
 
