@@ -348,6 +348,9 @@ def _decoder_input_ids(context: Context) -> torch.Tensor | None:
     configs = [context.config, getattr(context.config, "text_config", None)]
     if any(getattr(config, "is_encoder_decoder", False) for config in configs if config is not None):
         codebooks = _decoder_codebooks(context.config)
+        channels = getattr(getattr(context.config, "decoder_config", None), "num_channels", None)
+        if isinstance(channels, int) and channels > 1:  # Dia's decoder: a code per audio channel, channels last
+            return torch.stack([context.tokens() for _ in range(channels)], dim=-1)
         return context.tokens(batch=context.batch * codebooks) if codebooks else context.tokens()
     if context.parameters["decoder_input_ids"].default is inspect.Parameter.empty:
         return context.tokens()
@@ -643,6 +646,8 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     "decoder_input_values": lambda context: context.randn(context.batch, 4, context.get("num_mel_bins", 80)),
     "global_attention_mask": _global_attention_mask,
     "noise": _noise,
+    # OneFormer's task prompt ("the task is semantic"), tokenised to its fixed length
+    "task_inputs": lambda c: c.tokens(length=c.get("task_seq_len")),
     # a vocoder's noise beside its spectrogram (UnivNet), which it draws at random when not given
     "noise_sequence": lambda c: c.randn(c.batch, c.inputs_so_far["input_features"].shape[1], c.get("model_in_channels")),
     "bool_masked_pos": _bool_masked_pos,

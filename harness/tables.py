@@ -191,6 +191,8 @@ TINY_OVERRIDES: dict[str, dict] = {
     # head reads a width and a logit scale its config does not declare (CLIP's 2.6592)
     "bridgetower": {"text_config.hidden_size": 64, "vision_config.hidden_size": 64, "hidden_size": 64,
                     "contrastive_hidden_size": 32, "logit_scale_init_value": 2.6592},
+    # its query projection reads mask features of the decoder's width
+    "oneformer": {"mask_dim": 32},
     # its kernel predictor emits a hidden x hidden kernel per layer and step: 7 M weights at 32 channels
     "univnet": {"model_hidden_channels": 8},
     # its durations and latents draw noise scaled by these: at zero the speech is the same on every call

@@ -136,6 +136,8 @@ KINDS = {
     "BrosModel": "text",  # box embedding widths derived from the width, even
     "BridgeTowerForContrastiveLearning": "text+image",  # a head per 64 vision channels; undeclared head sizes
     "PPOCRV6SmallRecForTextRecognition": "image",  # a text line tall enough to pool
+    "DiaModel": "text",  # its decoder's codes, a column per audio channel
+    "OneFormerForUniversalSegmentation": "image",  # a task prompt of its fixed length; mask features of its width
 }
 
 
