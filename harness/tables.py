@@ -278,6 +278,7 @@ TINY_OVERRIDES: dict[str, dict] = {
     "pp_ocrv6_tiny_rec": {"image_size": [48, 64], "initializer_range": 0.2},
     # the flow head is conditioned on the backbone's hidden states: same width (checked by the config)
     "gradium_phonon_tts": {"flow_head_config.condition_dim": 32},
+    "pocket_tts": {"flow_head_config.condition_dim": 32},
     # the adaptor's bottleneck is a quarter of the text width (checked by the config)
     "fun_asr_nano": {"adaptor_config.intermediate_size": 8},
     # the projector reads 4 encoder frames folded into one (a merge factor the code fixes at 4)
