@@ -224,10 +224,12 @@ def _patch_module_cast_to_its_own_dtype(original):
 def _patch_experts_batched_mm(original):
     """Mixture-of-experts layers default to `grouped_mm`, which on CPU is a custom op (`transformers::
     grouped_mm_fallback`) that neither ONNX nor ExecuTorch can lower, fed by `torch.histc` counts ExecuTorch has
-    no kernel for. The `batched_mm` implementation computes the same sum with plain batched matmuls."""
+    no kernel for; the `eager` one some models ask for (OpenAI Privacy Filter) loops over the experts a batch hits
+    (`nonzero()`), which export cannot trace. The `batched_mm` implementation computes the same sum with plain
+    batched matmuls."""
 
     def get_interface(self, experts_implementation, default):
-        if experts_implementation == "grouped_mm":
+        if experts_implementation in ("grouped_mm", "eager"):
             experts_implementation = "batched_mm"
             report_applied()
         return original(self, experts_implementation, default)
@@ -251,6 +253,22 @@ def _patch_mask_by_broadcast(_original):
         return expanded
 
     return expansion
+
+
+@register_patch("dynamo", "transformers.masking_utils._ignore_bidirectional_mask_sdpa", reports=True)
+def _patch_no_padding_means_no_mask(original):
+    """Without a padding mask, eager attends everywhere with no mask at all, but under export transformers builds
+    one anyway (it skips only after checking a mask's values, which export cannot do). That mask is sized for the
+    input: encoders that shorten their sequence between layers (Informer's and Autoformer's distilling
+    convolutions) then meet a mask of the wrong size. With nothing to check, the export skips it like eager."""
+
+    def ignore(padding_mask, kv_length, local_attention_size=None):
+        if padding_mask is None and (local_attention_size is None or kv_length < local_attention_size):
+            report_applied()
+            return True
+        return original(padding_mask, kv_length, local_attention_size)
+
+    return ignore
 
 
 def _every_expert(hidden_states, chosen, weights, experts):
