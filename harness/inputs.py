@@ -144,7 +144,10 @@ def _pixel_values(context: Context) -> torch.Tensor:
     # a video class whose only visual input is pixel_values (not its image tower alone, not image-or-video models)
     video_class = any(word in name for word in ("Video", "Vivit", "Timesformer")) and "Vision" not in name and not (
         {"pixel_values_images", "pixel_values_videos"} & set(context.parameters))
-    if (frames and _int_attr(context.config, "tubelet_size")) or video_class:  # a clip: (batch, frames, C, H, W)
+    if layout == "flat-video":
+        context.label_hint = "video"
+        return context.randn(context.batch * frames, *_image_shape(context))
+    if (frames and _int_attr(context.config, "tubelet_size")) or video_class or layout == "video":  # a clip
         context.label_hint = "video"
         return context.randn(context.batch, frames or 4, *_image_shape(context))
     return context.randn(context.batch, *_image_shape(context))

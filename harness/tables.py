@@ -191,6 +191,8 @@ TINY_OVERRIDES: dict[str, dict] = {
     # head reads a width and a logit scale its config does not declare (CLIP's 2.6592)
     "bridgetower": {"text_config.hidden_size": 64, "vision_config.hidden_size": 64, "hidden_size": 64,
                     "contrastive_hidden_size": 32, "logit_scale_init_value": 2.6592},
+    # the decoder reads these vision layers, counted in the vision config the fitting does not see from here
+    "clipseg": {"extract_layers": [0, 1]},
     # its query projection reads mask features of the decoder's width
     "oneformer": {"mask_dim": 32},
     # its kernel predictor emits a hidden x hidden kernel per layer and step: 7 M weights at 32 channels
@@ -364,6 +366,8 @@ PIXEL_LAYOUTS: dict[str, str] = {
     "llava_onevision": "tiles",
     "granite4_vision": "tiles",
     "efficientloftr": "pairs",  # its backbone too reads image pairs, batch x 2 x C x H x W
+    "xclip": "video",  # a clip of num_frames images, batch x frames x C x H x W
+    "xclip_vision_model": "flat-video",  # the same clips, their frames flattened into the batch
     "colmodernvbert": "images",  # ModernVBert's images, whose pixel mask the wrapper's forward does not name
     "colqwen2": "padded-patches",  # its processor pads each image's patches to a row: images x patches x C*T*P*P
     # a list of images per sample whose pixel_attention_mask flags the real images (tiles), batch x 1

@@ -138,6 +138,9 @@ KINDS = {
     "PPOCRV6SmallRecForTextRecognition": "image",  # a text line tall enough to pool
     "DiaModel": "text",  # its decoder's codes, a column per audio channel
     "OneFormerForUniversalSegmentation": "image",  # a task prompt of its fixed length; mask features of its width
+    "CLIPSegForImageSegmentation": "text+image",  # decoder layers the tiny vision tower has
+    "XCLIPModel": "text+video",  # clips of num_frames images
+    "XCLIPVisionModel": "video",  # the same, frames flattened into the batch
 }
 
 
