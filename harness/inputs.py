@@ -652,7 +652,8 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     # OneFormer's task prompt ("the task is semantic"), tokenised to its fixed length
     "task_inputs": lambda c: c.tokens(length=c.get("task_seq_len")),
     # a vocoder's noise beside its spectrogram (UnivNet), which it draws at random when not given
-    "noise_sequence": lambda c: c.randn(c.batch, c.inputs_so_far["input_features"].shape[1], c.get("model_in_channels")),
+    "noise_sequence": lambda c: c.randn(c.batch, c.inputs_so_far["input_features"].shape[1],
+                                        c.get("model_in_channels")),
     "bool_masked_pos": _bool_masked_pos,
     "question_positions": _question_positions,
     # which images each text token sees (IDEFICS); left out where it masks an image's patches, all real here
@@ -682,10 +683,10 @@ _RULES: dict[str, Callable[[Context], Any]] = {
 
 # Filled whenever the forward takes them, required or not: callers pass them, and they switch on code paths.
 _ALWAYS = ("attention_mask", "token_type_ids", "decoder_input_ids", "pixel_values", "bbox", "noise", "noise_sequence",
-           "lang_ids", "visual_feats", "visual_pos", "image_attention_mask", "global_attention_mask", "target_sizes", "grid_thw",
-           "input_features", "decoder_input_values", "thinker_reply_part", "input_text_ids", "flattened_patches",
-           "image_embeds_position_mask", "image_grid_hw", "high_res_pixel_values", "sample", "return_loss",
-           "question_positions", "timestep", *_TRAJECTORY, *_ENTITIES)
+           "lang_ids", "visual_feats", "visual_pos", "image_attention_mask", "global_attention_mask", "target_sizes",
+           "grid_thw", "input_features", "decoder_input_values", "thinker_reply_part", "input_text_ids",
+           "flattened_patches", "image_embeds_position_mask", "image_grid_hw", "high_res_pixel_values", "sample",
+           "return_loss", "question_positions", "timestep", *_TRAJECTORY, *_ENTITIES)
 
 
 def _parameters(model) -> dict[str, inspect.Parameter]:
