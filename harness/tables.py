@@ -167,6 +167,9 @@ TINY_OVERRIDES: dict[str, dict] = {
     "zamba": {"num_hidden_layers": 4, "layers_block_type": ["linear_attention", "hybrid"] * 2,
               "attention_hidden_size": 64, "attention_head_dim": 16, "mamba_dt_rank": 4},
     # output stride 32: a 32-pixel image leaves nothing for the transformer blocks to mix
+    # its stages keep the resolution (no patch merging), which the rule for halving stages takes for six halvings
+    # (256 pixels): two stages, two windows of 8 a side
+    "swin2sr": {"image_size": 16, "depths": [1, 1], "num_heads": [4, 4]},
     "mobilevit": {"image_size": 64},
     "mobilevitv2": {"image_size": 64},
     # attention biases are sized from image_size / 16 and the 16-pixel patch embedding

@@ -94,24 +94,6 @@ def _qwen2_moe():
     return transformers.Qwen2MoeForCausalLM(config), _text
 
 
-def _wav2vec2_classifier():
-    config = transformers.Wav2Vec2Config(
-        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-        conv_dim=(32, 32, 32), conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3), num_conv_pos_embeddings=16,
-        num_conv_pos_embedding_groups=2, num_labels=3,
-    )  # fmt: skip
-
-    def inputs(batch, length):
-        return {"input_values": torch.randn(batch, 400 * length) * 0.1}
-
-    return transformers.Wav2Vec2ForSequenceClassification(config), inputs
-
-
-def _codegen():
-    config = transformers.CodeGenConfig(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=64)
-    return transformers.CodeGenForCausalLM(config), _text
-
-
 def _gemma2():
     config = transformers.Gemma2Config(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
@@ -198,13 +180,11 @@ TINY_MODELS = {
     "MambaForCausalLM": _mamba,
     "RobertaForCausalLM": _roberta_lm,
     "GPTJForCausalLM": _gptj,
-    "CodeGenForCausalLM": _codegen,
     "DeepseekV2ForCausalLM": _deepseek_v2,
     "Gemma2ForCausalLM": _gemma2,
     "GPT2LMHeadModel": _gpt2,
     "Gemma3nForCausalLM": _gemma3n,
     "Qwen2MoeForCausalLM": _qwen2_moe,
-    "Wav2Vec2ForSequenceClassification": _wav2vec2_classifier,
     "LlamaForCausalLM": _llama,
     "BertModel": _bert,
     "ViTForImageClassification": _vit,
