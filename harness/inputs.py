@@ -265,7 +265,9 @@ def _audio_features(context: Context, config, bins: int | None) -> torch.Tensor:
     reader = _first_layer(context.model)
     if isinstance(reader, torch.nn.Linear):  # stacked frames into a linear layer (Granite Speech): frames first
         context.frame_axis = 1
-        return context.randn(context.batch, 64, reader.in_features)
+        stacked = getattr(config, "subsampling_factor", None)  # stacked by the model itself (Nemotron 3 audio)
+        width = bins if bins and stacked and reader.in_features == stacked * bins else reader.in_features
+        return context.randn(context.batch, 64, width)
     positions = getattr(config, "max_source_positions", None)
     return context.randn(context.batch, bins or 80, 2 * positions if positions else 64)
 
@@ -329,6 +331,9 @@ def _input_ids(context: Context) -> torch.Tensor:
         audio = torch.randint(0, min(codes, SPECIAL_FLOOR), (context.batch, context.length, codebooks),
                               generator=context.generator)
         return torch.cat([context.tokens()[..., None], audio], dim=-1)
+    if isinstance(codebooks, int) and hasattr(context.config, "codebook_pad_token_id"):
+        # CSM's backbone: a frame of every codebook per position, (batch, length, codebooks)
+        return torch.stack([context.tokens() for _ in range(codebooks)], dim=-1)
     if isinstance(codebooks, int) and codebooks > 1 and "decoder_input_ids" not in context.parameters:
         # audio-code decoders (MusicGen) take one row per codebook: (batch * codebooks, length)
         return context.tokens(batch=context.batch * codebooks)
@@ -425,9 +430,17 @@ def _hidden_states(context: Context) -> torch.Tensor:
         context.inputs_so_far["image_grid_thw"] = grid["image_grid_thw"]
         context.label_hint = "image"
         return grid["pixel_values"]
+    reader = _first_layer(context.model)
     if getattr(context.model, "main_input_name", None) == "pixel_values":  # a vision backbone (Florence-2's DaViT)
         context.label_hint = "image"
+        channels, height, width = _image_shape(context)
+        if isinstance(reader, torch.nn.Conv2d) and reader.in_channels != channels:  # a head on a backbone's map
+            return context.randn(context.batch, reader.in_channels, height, width)
         return _pixel_values(context)
+    if isinstance(reader, torch.nn.Conv1d):  # a codec's halves alone: the encoder's mono samples, the decoder's frames
+        context.label_hint = "audio"
+        samples = AUDIO_SAMPLES[context.label]
+        return context.randn(context.batch, reader.in_channels, samples if reader.in_channels == 1 else samples // 320)
     width = context.get("input_dim") or context.get("hidden_size", 32)  # input_dim: an encoder's own input width
     return context.randn(context.batch, context.length, width)
 
@@ -714,7 +727,9 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
         required = parameter.default is inspect.Parameter.empty
         text_beside = (name == "input_ids" and main not in ("input_ids", "inputs_embeds") and not alone
                        and _takes_text(model))
-        if name not in wanted and (required or name in _ALWAYS or text_beside):
+        # an audio encoder alone may count its frames by the mask it declares optional (Audio Flamingo 3's)
+        frame_mask = name in _FEATURE_MASKS and main == "input_features"
+        if name not in wanted and (required or name in _ALWAYS or text_beside or frame_mask):
             wanted.append(name)
     for name in wanted:
         rule = _RULES.get(name)
@@ -732,6 +747,8 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
         placeholder = _placeholder_token(model.config, modality)
         tower = "vision_config" if modality == "image" else "audio_config"
         if placeholder is None or "input_ids" not in inputs or _configured_away(model.config, tower):
+            continue
+        if modality == "audio" and inputs["input_ids"].dim() > 2:  # audio codes per position already (CSM)
             continue
         if not _features_owner(model, modality):
             if modality == "audio" and feature_input in parameters:  # Qwen2-Audio: its tower counts the tokens
@@ -898,7 +915,8 @@ def unfed_modalities(model, inputs: dict) -> list[str]:
         tower = towers[modality]
         if tower in vars(model.config) and model.config.__dict__[tower] is None:
             continue
-        codes_fed = "decoder_input_ids" in inputs and _decoder_codebooks(model.config)  # an audio prompt makes them
+        codes_fed = ("decoder_input_ids" in inputs and _decoder_codebooks(model.config)  # an audio prompt makes them
+                     or "input_ids" in inputs and inputs["input_ids"].dim() > 2)
         if modality == "audio" and name == "input_values" and ("input_features" in inputs or codes_fed):
             continue
         if name == "inputs" and not _inputs_are_audio(parameters):

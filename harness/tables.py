@@ -171,6 +171,24 @@ TINY_OVERRIDES: dict[str, dict] = {
     # (256 pixels): two stages, two windows of 8 a side
     "swin2sr": {"image_size": 16, "depths": [1, 1], "num_heads": [4, 4]},
     "mobilevit": {"image_size": 64},
+    # the retrieval and text-projection heads read text through the Q-Former, as their checkpoints set (the other
+    # classes never feed it text)
+    "blip-2": {"qformer_config.use_qformer_text_input": True},
+    # the vocoder reads the spectrogram FastSpeech 2 makes, num_mel_bins (80) wide
+    "fastspeech2_conformer_hifigan": {"model_in_dim": 80},
+    # the mask head reads the width plus one channel per attention head, in groups of 8
+    "conditional_detr": {"encoder_attention_heads": 8, "decoder_attention_heads": 8},
+    # the projection after its two halving convolutions reads channels[0] // 4 mel bins: the first is as wide as
+    # the 64 bins fed
+    "gemma4_audio": {"subsampling_conv_channels": [64, 32]},
+    # its rotary table is at least 32 wide, and must cover a whole head
+    "clvp_encoder": {"num_attention_heads": 1},
+    # its frame prompter pads each frame to max_img_size, a band of visual_prompt_size on each side; the grid is
+    # max-pooled after the backbone, which must leave more than one cell of a 32-pixel frame
+    "tvp": {"max_img_size": 32, "visual_prompt_size": 4, "backbone_config.out_features": ["stage2"],
+            "backbone_config.out_indices": [2]},
+    # the image embedding is the last stage's channels times width_coefficient, and must be projection_dim wide
+    "align": {"vision_config.width_coefficient": 1.0},
     "mobilevitv2": {"image_size": 64},
     # attention biases are sized from image_size / 16 and the 16-pixel patch embedding
     "levit": {"patch_size": 16, "image_size": 64},
@@ -333,6 +351,7 @@ FEATURE_EXTRACTOR_OVERRIDES: dict[str, str] = {
     # Qwen omni thinkers: their processors' Whisper extractor (no mapping of their own)
     "qwen2_5_omni_thinker": "WhisperFeatureExtractor",
     "qwen3_omni_moe_thinker": "WhisperFeatureExtractor",
+    "qwen3_asr_encoder": "Qwen3ASRFeatureExtractor",  # the encoder alone, fed as its model feeds it
 }
 
 # model type -> mel frames per text token, for models that add the audio to every text position instead of
@@ -369,6 +388,7 @@ PIXEL_LAYOUTS: dict[str, str] = {
     "llava_onevision": "tiles",
     "granite4_vision": "tiles",
     "efficientloftr": "pairs",  # its backbone too reads image pairs, batch x 2 x C x H x W
+    "tvp": "video",
     "xclip": "video",  # a clip of num_frames images, batch x frames x C x H x W
     "xclip_vision_model": "flat-video",  # the same clips, their frames flattened into the batch
     "colmodernvbert": "images",  # ModernVBert's images, whose pixel mask the wrapper's forward does not name
@@ -405,6 +425,9 @@ PIXEL_LAYOUTS: dict[str, str] = {
 MAIN_INPUTS: dict[str, str] = {
     "SeamlessM4TTextToUnitModel": "inputs_embeds",  # its encoder refuses token ids: it reads the text model's states
     "Pop2PianoForConditionalGeneration": "input_features",  # its encoder reads the audio features in place of tokens
+    # text or speech in, one attention mask for whichever it is: speech, as its speech-to-text sibling is fed
+    "SeamlessM4TModel": "input_features",
+    "SeamlessM4Tv2Model": "input_features",
 }
 
 # model class -> {"atol": ..., "rtol": ..., "backends": [...], "reason": ...}: a tolerance wider than the default,

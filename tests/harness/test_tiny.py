@@ -141,6 +141,21 @@ KINDS = {
     "CLIPSegForImageSegmentation": "text+image",  # decoder layers the tiny vision tower has
     "XCLIPModel": "text+video",  # clips of num_frames images
     "XCLIPVisionModel": "video",  # the same, frames flattened into the batch
+    "AlignModel": "text+image",  # image embeddings as wide as the projection: no width multiplier
+    "VisionTextDualEncoderModel": "text+image",  # a ViT pooler as wide as the ViT
+    "ClvpModelForConditionalGeneration": "text+audio",  # rotary tables at least 32 wide: one head of 32
+    "SeamlessM4TModel": "text+audio",  # speech alone, its attention mask the speech's
+    "Gemma4AudioModel": "audio",  # a first convolution as wide as the mel bins
+    "Nemotron3DiarizationAudioModel": "audio",  # mel frames it stacks itself
+    "AudioFlamingo3Encoder": "audio",  # the frame mask its forward calls optional
+    "Qwen3ASREncoder": "audio",  # frames in whole windows, as its model's extractor makes them
+    "ConditionalDetrForSegmentation": "image",  # a mask head reading width plus heads channels, in groups of 8
+    "FastSpeech2ConformerWithHifiGan": "text",  # token ids in the speech model's vocabulary; a vocoder as wide
+    "PPOCRV5ServerRecEncoderWithSVTR": "image",  # the backbone's feature map, not an image
+    "VibeVoiceAcousticTokenizerEncoderModel": "audio",  # mono samples
+    "VibeVoiceAcousticTokenizerDecoderModel": "audio",  # latent frames
+    "Blip2TextModelWithProjection": "text",  # text through the Q-Former
+    "CsmForConditionalGeneration": "text",  # a frame of every codebook per position, the audio in it
 }
 
 
