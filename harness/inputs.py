@@ -364,6 +364,8 @@ def _decoder_input_ids(context: Context) -> torch.Tensor | None:
         return context.tokens()
     if getattr(context.config, "canvas_length", None):  # block diffusion: else a canvas drawn at random
         return context.tokens()
+    if type(context.model).__name__.endswith("ForQuestionAnswering"):  # BLIP: an answer decoder on its encoders
+        return context.tokens()
     return None
 
 
@@ -456,6 +458,15 @@ def _feature_mask(context: Context) -> torch.Tensor | None:
 def _video(context: Context) -> torch.Tensor:
     context.label_hint = "video"
     return context.randn(context.batch, 4, *_image_shape(context))
+
+
+def _region_positions(context: Context) -> torch.Tensor:
+    """VisualBERT's Flickr head aligns phrases with image regions: four regions, and each position of text and
+    regions reads its phrase at its own place."""
+    inputs = context.inputs_so_far
+    inputs["visual_embeds"] = context.randn(context.batch, 4, context.get("visual_embedding_dim", 32))
+    inputs["visual_attention_mask"] = torch.ones(context.batch, 4, dtype=torch.long)
+    return torch.arange(inputs["input_ids"].shape[1] + 4).repeat(context.batch, 1)
 
 
 def _global_attention_mask(context: Context) -> torch.Tensor | None:
@@ -675,6 +686,7 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     "lang_ids": lambda context: torch.zeros(context.batch, dtype=torch.long),
     "qformer_input_ids": lambda context: context.tokens(),
     "visual_feats": lambda context: context.randn(context.batch, 4, context.get("visual_feat_dim", 32)),
+    "region_to_phrase_position": _region_positions,
     "visual_pos": lambda context: torch.rand(context.batch, 4, context.get("visual_pos_dim", 4), generator=context.generator),
     "input_ids": _input_ids,
     "attention_mask": _attention_mask,
@@ -699,7 +711,7 @@ _ALWAYS = ("attention_mask", "token_type_ids", "decoder_input_ids", "pixel_value
            "lang_ids", "visual_feats", "visual_pos", "image_attention_mask", "global_attention_mask", "target_sizes",
            "grid_thw", "input_features", "decoder_input_values", "thinker_reply_part", "input_text_ids",
            "flattened_patches", "image_embeds_position_mask", "image_grid_hw", "high_res_pixel_values", "sample",
-           "return_loss", "question_positions", "timestep", *_TRAJECTORY, *_ENTITIES)
+           "return_loss", "question_positions", "timestep", "region_to_phrase_position", *_TRAJECTORY, *_ENTITIES)
 
 
 def _parameters(model) -> dict[str, inspect.Parameter]:

@@ -156,6 +156,8 @@ KINDS = {
     "VibeVoiceAcousticTokenizerDecoderModel": "audio",  # latent frames
     "Blip2TextModelWithProjection": "text",  # text through the Q-Former
     "CsmForConditionalGeneration": "text",  # a frame of every codebook per position, the audio in it
+    "BlipForQuestionAnswering": "text+image",  # the answer decoder's tokens
+    "VisualBertForRegionToPhraseAlignment": "text",  # image regions, and where each phrase is read
 }
 
 
