@@ -193,6 +193,12 @@ def _wake_zero_weights(model) -> None:
             weight = getattr(module, "weight", None)
             if isinstance(module, norms) and weight is not None and weight.is_floating_point() and weight.abs().mean() < 0.1:
                 weight.normal_(1.0, 0.02)
+        # Vector-quantizer codebooks start at zero until trained (EnCodec's, Mimi's): every frame then takes the same
+        # code, and the decoded audio is the same whatever the input.
+        for name, buffer in model.named_buffers():
+            codebook = name.rsplit(".", 1)[-1] in ("embed", "embed_sum") and buffer.dim() == 2
+            if codebook and buffer.is_floating_point() and not buffer.any():
+                buffer.normal_(0.0, 0.02)  # small beside the frames: the nearest code follows their direction
 
 
 def _same(a, b) -> bool:

@@ -158,6 +158,7 @@ KINDS = {
     "CsmForConditionalGeneration": "text",  # a frame of every codebook per position, the audio in it
     "BlipForQuestionAnswering": "text+image",  # the answer decoder's tokens
     "VisualBertForRegionToPhraseAlignment": "text",  # image regions, and where each phrase is read
+    "EncodecModel": "audio",  # codebooks that are not all zero: the audio reaches the decoded output
 }
 
 
