@@ -159,6 +159,7 @@ KINDS = {
     "BlipForQuestionAnswering": "text+image",  # the answer decoder's tokens
     "VisualBertForRegionToPhraseAlignment": "text",  # image regions, and where each phrase is read
     "EncodecModel": "audio",  # codebooks that are not all zero: the audio reaches the decoded output
+    "XcodecModel": "audio",  # codes as wide as its two encoders together
 }
 
 
