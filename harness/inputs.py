@@ -460,6 +460,12 @@ def _video(context: Context) -> torch.Tensor:
     return context.randn(context.batch, 4, *_image_shape(context))
 
 
+def _latents(context: Context) -> torch.Tensor:
+    """A codec's decoder alone (Mimi's): continuous latents, (batch, hidden_size, frames) at 320 samples a frame."""
+    context.label_hint = "audio"
+    return context.randn(context.batch, context.get("hidden_size", 32), AUDIO_SAMPLES[context.label] // 320)
+
+
 def _region_positions(context: Context) -> torch.Tensor:
     """VisualBERT's Flickr head aligns phrases with image regions: four regions, and each position of text and
     regions reads its phrase at its own place."""
@@ -687,6 +693,7 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     "qformer_input_ids": lambda context: context.tokens(),
     "visual_feats": lambda context: context.randn(context.batch, 4, context.get("visual_feat_dim", 32)),
     "region_to_phrase_position": _region_positions,
+    "latents": _latents,
     "visual_pos": lambda context: torch.rand(context.batch, 4, context.get("visual_pos_dim", 4), generator=context.generator),
     "input_ids": _input_ids,
     "attention_mask": _attention_mask,

@@ -160,6 +160,7 @@ KINDS = {
     "VisualBertForRegionToPhraseAlignment": "text",  # image regions, and where each phrase is read
     "EncodecModel": "audio",  # codebooks that are not all zero: the audio reaches the decoded output
     "XcodecModel": "audio",  # codes as wide as its two encoders together
+    "MimiDecoderModel": "audio",  # latent frames
 }
 
 
