@@ -9,6 +9,7 @@ many as the vision tower emits, counted by running it once.
 from __future__ import annotations
 
 import inspect
+import typing
 import math
 import re
 import sys
@@ -443,7 +444,8 @@ def _hidden_states(context: Context) -> torch.Tensor:
         context.label_hint = "audio"
         samples = AUDIO_SAMPLES[context.label]
         return context.randn(context.batch, reader.in_channels, samples if reader.in_channels == 1 else samples // 320)
-    width = context.get("input_dim") or context.get("hidden_size", 32)  # input_dim: an encoder's own input width
+    # input_dim, input_size: an encoder's own input width (Granite Speech's, Phi-4's audio mel bins)
+    width = context.get("input_dim") or context.get("input_size") or context.get("hidden_size", 32)
     return context.randn(context.batch, context.length, width)
 
 
@@ -666,6 +668,8 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     "input_text_ids": lambda context: context.inputs_so_far.get("input_ids"),
     "inputs_embeds": lambda context: context.randn(context.batch, context.length, context.get("hidden_size", 32)),
     "spectrogram": _spectrogram,
+    # BigVGAN (the Qwen2.5-Omni vocoder): mel bins first
+    "mel_spectrogram": lambda context: context.randn(context.batch, context.get("mel_dim", 80), 4 * context.length),
     "audio_mel": lambda context: context.randn(context.batch, 64, context.get("input_feat_size", 128)),
     "audio_mel_mask": lambda context: torch.zeros(*context.inputs_so_far["audio_mel"].shape[:2], dtype=torch.bool),
     # speech encoder-decoders' encoder input; Perceiver names its main input so too, but reads token ids there
@@ -729,6 +733,13 @@ def _parameters(model) -> dict[str, inspect.Parameter]:
     }
 
 
+def _accepts_none(parameter: inspect.Parameter) -> bool:
+    annotation = parameter.annotation
+    if isinstance(annotation, str):
+        return "None" in annotation or "Optional" in annotation
+    return type(None) in typing.get_args(annotation)
+
+
 def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any], str]:
     """``(inputs, input set name)`` for input set ``label``: keyword tensors for ``model(**inputs)``."""
     batch, length = INPUT_SIZES[label]
@@ -754,6 +765,9 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
         rule = _RULES.get(name)
         if rule is None:
             if parameters[name].default is inspect.Parameter.empty and name not in inputs:  # set by another rule
+                if _accepts_none(parameters[name]):  # required, but None is an answer (Phi-4's audio mask)
+                    inputs[name] = None
+                    continue
                 raise InputError(f"no input rule for the required forward argument {name!r} of {type(model).__name__}")
             continue
         value = rule(context)

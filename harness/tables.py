@@ -171,6 +171,8 @@ TINY_OVERRIDES: dict[str, dict] = {
     # (256 pixels): two stages, two windows of 8 a side
     "swin2sr": {"image_size": 16, "depths": [1, 1], "num_heads": [4, 4]},
     "mobilevit": {"image_size": 64},
+    # its six upsampling stages halve the channels each: 128 leaves 2 at the end
+    "qwen2_5_omni_bigvgan": {"upsample_initial_channel": 128},
     # its codes are as wide as its two encoders side by side, which the config derives when left unset
     "xcodec": {"codebook_dim": None},
     # the retrieval and text-projection heads read text through the Q-Former, as their checkpoints set (the other

@@ -147,7 +147,7 @@ _RULES: list[tuple[re.Pattern, Any]] = [
     (r"(hidden_size|d_model|n_embd|embed_dim|hidden_dim|embedding_size|embedding_dim|projection_dim|proj_dim"
      r"|projection_size|proj_size|projector_dim|d_embed|model_dim|_width$|^width$|widths|^dim$|^dims$|output_dim"
      r"|channels$|_channels|num_filters|latent_dim|codebook_dim|conv_dim|tdnn_dim|hidden_sizes|embed_dims|_in_dim$|_out_dim$"
-     r"|embedding_dims|^emb_dim$|^upsample_initial_channel$|^pooler_output_size$)", _cap(WIDTH)),
+     r"|embedding_dims|^emb_dim$|^upsample_initial_channel$|^pooler_output_size$|_out_channel$)", _cap(WIDTH)),
 ]
 _RULES = [(re.compile(pattern), rule) for pattern, rule in _RULES]
 

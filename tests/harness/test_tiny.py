@@ -161,6 +161,10 @@ KINDS = {
     "EncodecModel": "audio",  # codebooks that are not all zero: the audio reaches the decoded output
     "XcodecModel": "audio",  # codes as wide as its two encoders together
     "MimiDecoderModel": "audio",  # latent frames
+    # a required mask that may be None; mel frames as wide as its input_size; depthwise channels under
+    # names of their own
+    "Phi4MultimodalAudioModel": "other",
+    "Qwen2_5OmniToken2WavBigVGANModel": "other",  # mel bins first; channels to halve six times
 }
 
 
