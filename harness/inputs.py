@@ -262,6 +262,8 @@ def _audio_features(context: Context, config, bins: int | None) -> torch.Tensor:
                 context.frame_axis = 1  # frames first
             elif positions and values.shape[-1] > 2 * positions:  # padded to its own 30 s chunk regardless (MOSS)
                 values = values[..., : 2 * positions].clone()
+            elif values.dim() == 4 and getattr(config, "enable_fusion", None) is False:
+                values = values[:, :1].clone()  # CLAP: a short clip's fused views are four copies of its one mel
             return values.float()
     reader = _first_layer(context.model)
     if isinstance(reader, torch.nn.Linear):  # stacked frames into a linear layer (Granite Speech): frames first

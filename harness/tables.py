@@ -171,6 +171,8 @@ TINY_OVERRIDES: dict[str, dict] = {
     # (256 pixels): two stages, two windows of 8 a side
     "swin2sr": {"image_size": 16, "depths": [1, 1], "num_heads": [4, 4]},
     "mobilevit": {"image_size": 64},
+    # a Swin tower: its output is the patch width doubled per stage after the first (two stages here)
+    "clap_audio_model": {"hidden_size": 64},
     # its six upsampling stages halve the channels each: 128 leaves 2 at the end
     "qwen2_5_omni_bigvgan": {"upsample_initial_channel": 128},
     # its codes are as wide as its two encoders side by side, which the config derives when left unset
@@ -352,6 +354,7 @@ TINY_OVERRIDES: dict[str, dict] = {
 FEATURE_EXTRACTOR_OVERRIDES: dict[str, str] = {
     "wav2vec2-bert": "SeamlessM4TFeatureExtractor",  # mapped to Wav2Vec2's raw-audio extractor; takes stacked mels
     "neucodec": "SeamlessM4TFeatureExtractor",  # its semantic encoder is a wav2vec2-bert
+    "clap_audio_model": "ClapFeatureExtractor",  # the audio tower alone, fed as CLAP feeds it
     # Qwen omni thinkers: their processors' Whisper extractor (no mapping of their own)
     "qwen2_5_omni_thinker": "WhisperFeatureExtractor",
     "qwen3_omni_moe_thinker": "WhisperFeatureExtractor",

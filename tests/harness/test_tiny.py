@@ -165,6 +165,7 @@ KINDS = {
     # names of their own
     "Phi4MultimodalAudioModel": "other",
     "Qwen2_5OmniToken2WavBigVGANModel": "other",  # mel bins first; channels to halve six times
+    "ClapModel": "text+audio",  # one mel view, not four fused copies; a Swin tower's output width
 }
 
 
