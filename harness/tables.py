@@ -171,6 +171,9 @@ TINY_OVERRIDES: dict[str, dict] = {
     # (256 pixels): two stages, two windows of 8 a side
     "swin2sr": {"image_size": 16, "depths": [1, 1], "num_heads": [4, 4]},
     "mobilevit": {"image_size": 64},
+    # the text models alone: their layer kinds and expert counts are set by the composite configs around them
+    "deepseek_ocr2_text": {"mlp_layer_types": ["dense", "sparse"]},
+    "diffusion_gemma_text": {"num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 32},
     # a Swin tower: its output is the patch width doubled per stage after the first (two stages here)
     "clap_audio_model": {"hidden_size": 64},
     # its six upsampling stages halve the channels each: 128 leaves 2 at the end

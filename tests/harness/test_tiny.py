@@ -166,6 +166,7 @@ KINDS = {
     "Phi4MultimodalAudioModel": "other",
     "Qwen2_5OmniToken2WavBigVGANModel": "other",  # mel bins first; channels to halve six times
     "ClapModel": "text+audio",  # one mel view, not four fused copies; a Swin tower's output width
+    "DeepseekOcr2TextModel": "text",  # layer kinds its composite config would set
 }
 
 
