@@ -729,6 +729,42 @@ def _patch_hunyuan_vl_placeholder_check_as_tensor(original):
     return get_placeholder_mask
 
 
+@register_patch(
+    "dynamo",
+    "transformers.models.encodec.modeling_encodec.EncodecConv1d.forward",
+    "transformers.models.mimi.modeling_mimi.MimiConv1d.forward",
+    "transformers.models.pocket_tts_audio_tokenizer.modeling_pocket_tts_audio_tokenizer.PocketTTSAudioTokenizerConv1d.forward",
+)
+def _patch_codec_conv_paddings_as_ints(original):
+    """EnCodec's and Mimi's padded convolutions keep kernel size, stride and padding as 0-d tensor buffers and pad
+    by amounts computed from them: under export each amount is a value read from a tensor, unknown to the trace,
+    and the padding guards on it (`Eq(u0, 1)`). They are the convolution's own sizes: for the call they are ints,
+    and the extra right padding an integer ceiling division."""
+
+    def forward(self, hidden_states, *args, **kwargs):
+        kernel = (self.conv.kernel_size[0] - 1) * self.conv.dilation[0] + 1
+        stride = self.conv.stride[0]
+        total = kernel - stride
+
+        def extra_padding(hidden_states):  # up to the length a whole number of strides covers
+            length = hidden_states.shape[-1]
+            frames = (length - kernel + total + stride - 1) // stride  # non-negative: ONNX divides by truncating
+            return frames * stride + kernel - total - length
+
+        sizes = {"kernel_size": kernel, "stride": stride, "padding_total": total, "padding_right": total // 2,
+                 "padding_left": total - total // 2, "_get_extra_padding_for_conv1d": extra_padding}
+        previous = {name: self.__dict__[name] for name in sizes if name in self.__dict__}
+        self.__dict__.update(sizes)  # instance attributes come before the module's buffers
+        try:
+            return original(self, hidden_states, *args, **kwargs)
+        finally:
+            for name in sizes:
+                self.__dict__.pop(name, None)
+            self.__dict__.update(previous)
+
+    return forward
+
+
 @register_patch("dynamo", "transformers.models.ovis2.modeling_ovis2.Ovis2Model.forward")
 def _patch_ovis2_visual_indicators_by_where(original):
     """Ovis2 writes its visual indicator features into the embeddings under `if mask.any()`, a branch on token

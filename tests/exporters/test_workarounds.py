@@ -342,6 +342,7 @@ CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaroun
     ("HunYuanVLForConditionalGeneration", "dynamo", "_patch_hunyuan_vl_placeholder_check_as_tensor", "data-dep"),
     ("Ovis2Model", "dynamo", "_patch_ovis2_visual_indicators_by_where", "data-dependent"),
     ("OpenAIPrivacyFilterModel", "dynamo", "_patch_experts_batched_mm", "data-dependent"),  # asks for the eager loop
+    ("EncodecModel", "dynamo", "_patch_codec_conv_paddings_as_ints", "data-dependent"),  # paddings from 0-d buffers
     # its distilling convolutions halve the sequence under a mask built for the whole of it
     ("InformerModel", "dynamo", "_patch_no_padding_means_no_mask", "Attention mask should be of size"),
     # a padding bucket picked by .item(); its bucket cache, hashed by seeded rotations, is an output
