@@ -171,6 +171,8 @@ TINY_OVERRIDES: dict[str, dict] = {
     # (256 pixels): two stages, two windows of 8 a side
     "swin2sr": {"image_size": 16, "depths": [1, 1], "num_heads": [4, 4]},
     "mobilevit": {"image_size": 64},
+    # its channels double at each of four downsamplings: from 4, its LSTM is 64 wide, not 512
+    "encodec": {"num_filters": 4},
     # the text models alone: their layer kinds and expert counts are set by the composite configs around them
     "deepseek_ocr2_text": {"mlp_layer_types": ["dense", "sparse"]},
     "diffusion_gemma_text": {"num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 32},
