@@ -167,6 +167,7 @@ KINDS = {
     "Qwen2_5OmniToken2WavBigVGANModel": "other",  # mel bins first; channels to halve six times
     "ClapModel": "text+audio",  # one mel view, not four fused copies; a Swin tower's output width
     "DeepseekOcr2TextModel": "text",  # layer kinds its composite config would set
+    "Gemma4VisionModel": "image",  # raw patches, each with its grid position
 }
 
 
