@@ -519,6 +519,7 @@ def _question_positions(context: Context) -> torch.Tensor | None:
     return positions
 
 
+_AUDIO_INPUTS = ("input_values", "input_features")
 _FEATURE_MASKS = ("feature_attention_mask", "input_features_mask")  # which mel frames are real, by either name
 
 
@@ -765,7 +766,8 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
                        and _takes_text(model))
         # an audio encoder alone may count its frames by the mask it declares optional (Audio Flamingo 3's)
         frame_mask = name in _FEATURE_MASKS and main == "input_features"
-        if name not in wanted and (required or name in _ALWAYS or text_beside or frame_mask):
+        other_audio = alone in _AUDIO_INPUTS and name in _AUDIO_INPUTS  # samples or features, one of them
+        if name not in wanted and not other_audio and (required or name in _ALWAYS or text_beside or frame_mask):
             wanted.append(name)
     for name in wanted:
         rule = _RULES.get(name)

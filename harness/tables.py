@@ -439,6 +439,7 @@ MAIN_INPUTS: dict[str, str] = {
     "SeamlessM4TTextToUnitModel": "inputs_embeds",  # its encoder refuses token ids: it reads the text model's states
     "Pop2PianoForConditionalGeneration": "input_features",  # its encoder reads the audio features in place of tokens
     # text or speech in, one attention mask for whichever it is: speech, as its speech-to-text sibling is fed
+    "SpeechEncoderDecoderModel": "input_values",  # its default encoder is a wav2vec2: raw samples
     "SeamlessM4TModel": "input_features",
     "SeamlessM4Tv2Model": "input_features",
 }

@@ -168,6 +168,7 @@ KINDS = {
     "ClapModel": "text+audio",  # one mel view, not four fused copies; a Swin tower's output width
     "DeepseekOcr2TextModel": "text",  # layer kinds its composite config would set
     "Gemma4VisionModel": "image",  # raw patches, each with its grid position
+    "SpeechEncoderDecoderModel": "text+audio",  # raw samples for its wav2vec2 encoder, and no features beside
 }
 
 
