@@ -9,13 +9,12 @@ many as the vision tower emits, counted by running it once.
 from __future__ import annotations
 
 import inspect
-import typing
 import math
 import re
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, get_args
 
 import torch
 
@@ -448,8 +447,8 @@ def _hidden_states(context: Context) -> torch.Tensor:
         return _pixel_values(context)
     if isinstance(reader, torch.nn.Conv1d):  # a codec's halves alone: the encoder's mono samples, the decoder's frames
         context.label_hint = "audio"
-        samples = AUDIO_SAMPLES[context.label]
-        return context.randn(context.batch, reader.in_channels, samples if reader.in_channels == 1 else samples // 320)
+        length = AUDIO_SAMPLES[context.label] if reader.in_channels == 1 else _codec_frames(context)
+        return context.randn(context.batch, reader.in_channels, length)
     # input_dim, input_size: an encoder's own input width (Granite Speech's, Phi-4's audio mel bins)
     width = context.get("input_dim") or context.get("input_size") or context.get("hidden_size", 32)
     return context.randn(context.batch, context.length, width)
@@ -468,10 +467,15 @@ def _video(context: Context) -> torch.Tensor:
     return context.randn(context.batch, 4, *_image_shape(context))
 
 
+def _codec_frames(context: Context) -> int:
+    """The frames a codec makes of the raw audio, one per 320 samples."""
+    return AUDIO_SAMPLES[context.label] // 320
+
+
 def _latents(context: Context) -> torch.Tensor:
-    """A codec's decoder alone (Mimi's): continuous latents, (batch, hidden_size, frames) at 320 samples a frame."""
+    """A codec's decoder alone (Mimi's): continuous latents, (batch, hidden_size, frames)."""
     context.label_hint = "audio"
-    return context.randn(context.batch, context.get("hidden_size", 32), AUDIO_SAMPLES[context.label] // 320)
+    return context.randn(context.batch, context.get("hidden_size", 32), _codec_frames(context))
 
 
 def _region_positions(context: Context) -> torch.Tensor:
@@ -744,7 +748,7 @@ def _accepts_none(parameter: inspect.Parameter) -> bool:
     annotation = parameter.annotation
     if isinstance(annotation, str):
         return "None" in annotation or "Optional" in annotation
-    return type(None) in typing.get_args(annotation)
+    return type(None) in get_args(annotation)
 
 
 def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any], str]:
