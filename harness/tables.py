@@ -401,7 +401,7 @@ PIXEL_LAYOUTS: dict[str, str] = {
     "llava_onevision": "tiles",
     "granite4_vision": "tiles",
     "efficientloftr": "pairs",  # its backbone too reads image pairs, batch x 2 x C x H x W
-    "tvp": "video",
+    "tvp": "video",  # its frames, batch x frames x C x H x W
     "xclip": "video",  # a clip of num_frames images, batch x frames x C x H x W
     "xclip_vision_model": "flat-video",  # the same clips, their frames flattened into the batch
     "colmodernvbert": "images",  # ModernVBert's images, whose pixel mask the wrapper's forward does not name
@@ -438,8 +438,8 @@ PIXEL_LAYOUTS: dict[str, str] = {
 MAIN_INPUTS: dict[str, str] = {
     "SeamlessM4TTextToUnitModel": "inputs_embeds",  # its encoder refuses token ids: it reads the text model's states
     "Pop2PianoForConditionalGeneration": "input_features",  # its encoder reads the audio features in place of tokens
-    # text or speech in, one attention mask for whichever it is: speech, as its speech-to-text sibling is fed
     "SpeechEncoderDecoderModel": "input_values",  # its default encoder is a wav2vec2: raw samples
+    # text or speech in, one attention mask for whichever it is: speech, as its speech-to-text sibling is fed
     "SeamlessM4TModel": "input_features",
     "SeamlessM4Tv2Model": "input_features",
 }
