@@ -733,7 +733,8 @@ def _patch_hunyuan_vl_placeholder_check_as_tensor(original):
     "dynamo",
     "transformers.models.encodec.modeling_encodec.EncodecConv1d.forward",
     "transformers.models.mimi.modeling_mimi.MimiConv1d.forward",
-    "transformers.models.pocket_tts_audio_tokenizer.modeling_pocket_tts_audio_tokenizer.PocketTTSAudioTokenizerConv1d.forward",
+    "transformers.models.pocket_tts_audio_tokenizer.modeling_pocket_tts_audio_tokenizer"
+    ".PocketTTSAudioTokenizerConv1d.forward",
 )
 def _patch_codec_conv_paddings_as_ints(original):
     """EnCodec's and Mimi's padded convolutions keep kernel size, stride and padding as 0-d tensor buffers and pad

@@ -161,7 +161,8 @@ def test_dense_models_do_not_report_the_experts_patch(tiny):
 
 def test_xnnpack_leaves_1d_convolutions_with_two_dynamic_axes_to_portable_kernels():
     # Wav2Vec2's feature encoder: strided convolutions over (batch, channels, samples), batch and samples dynamic
-    model = torch.nn.Sequential(torch.nn.Conv1d(1, 4, 10, stride=5), torch.nn.GELU(), torch.nn.Conv1d(4, 4, 3, 2)).eval()
+    model = torch.nn.Sequential(torch.nn.Conv1d(1, 4, 10, stride=5), torch.nn.GELU(), torch.nn.Conv1d(4, 4, 3, 2))
+    model.eval()
     audio, other = {"input": torch.randn(2, 1, 400)}, torch.randn(3, 1, 240)
     exporter, config = exporters.exporter_for("executorch", dynamic=True)
     exported = exporter.export(model, audio, config)
