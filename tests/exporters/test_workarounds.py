@@ -12,9 +12,13 @@ from exporters.utils import disabled_workarounds, split_inputs
 from .conftest import TOLERANCE, assert_parity
 
 
-def _export(tiny_model, backend, dynamic=False):
+def _export_module(model, inputs, backend, dynamic=False):
     exporter, config = exporters.exporter_for(backend, dynamic=dynamic)
-    return exporter.export(tiny_model.model, tiny_model.inputs["A"], config)
+    return exporter.export(model, inputs, config)
+
+
+def _export(tiny_model, backend, dynamic=False):
+    return _export_module(tiny_model.model, tiny_model.inputs["A"], backend, dynamic)
 
 
 def test_nllb_moe_exports_through_dynamo_with_its_patches(tiny):
@@ -102,8 +106,7 @@ class _ExpandedKeys(torch.nn.Module):
 
 
 def _executorch_dynamic(model, inputs):
-    exporter, config = exporters.exporter_for("executorch", dynamic=True)
-    return exporter.export(model, inputs, config)
+    return _export_module(model, inputs, "executorch", dynamic=True)
 
 
 TOKENS = {"A": {"tokens": torch.randn(2, 7, 4)}, "B": {"tokens": torch.randn(3, 5, 4)}}
@@ -163,16 +166,14 @@ def test_xnnpack_leaves_1d_convolutions_with_two_dynamic_axes_to_portable_kernel
     # Wav2Vec2's feature encoder: strided convolutions over (batch, channels, samples), batch and samples dynamic
     model = torch.nn.Sequential(torch.nn.Conv1d(1, 4, 10, stride=5), torch.nn.GELU(), torch.nn.Conv1d(4, 4, 3, 2))
     model.eval()
-    audio, other = {"input": torch.randn(2, 1, 400)}, torch.randn(3, 1, 240)
-    exporter, config = exporters.exporter_for("executorch", dynamic=True)
-    exported = exporter.export(model, audio, config)
+    audio, other = {"input": torch.randn(2, 1, 400)}, {"input": torch.randn(3, 1, 240)}
+    exported = _executorch_dynamic(model, audio)
     assert "_patch_xnnpack_reshape_dynamic_axes" in exported.applied
-    torch.testing.assert_close(exported(input=other)["output"], model(other), atol=1e-5, rtol=1e-5)
-    static = exporters.exporter_for("executorch")
-    assert "_patch_xnnpack_reshape_dynamic_axes" not in static[0].export(model, audio, static[1]).applied, "not needed"
+    _assert_runs_like_eager(exported, model, other)
+    assert "_patch_xnnpack_reshape_dynamic_axes" not in _export_module(model, audio, "executorch").applied, "static"
     with disabled_workarounds("_patch_xnnpack_reshape_dynamic_axes"):
         with pytest.raises(exporters.ExecutorchExportError, match="XNNPACK reshape only supports 1 dynamic"):
-            exporter.export(model, audio, config)
+            _executorch_dynamic(model, audio)
 
 
 def test_xnnpack_leaves_1d_batch_norm_with_two_dynamic_axes_to_portable_kernels():
