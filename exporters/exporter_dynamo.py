@@ -766,6 +766,66 @@ def _patch_codec_conv_paddings_as_ints(original):
     return forward
 
 
+@register_patch("dynamo", "torch.distributions.categorical.Categorical.__init__")
+def _patch_categorical_unvalidated(original):
+    """A distribution validates its parameters with `if not constraint.check(value).all()`, a branch on tensor
+    values export cannot take (BLT's patcher: the entropy of its logits). The values are the model's own."""
+
+    def __init__(self, probs=None, logits=None, validate_args=None):
+        original(self, probs, logits, validate_args=False)
+
+    return __init__
+
+
+@register_patch("dynamo", "transformers.models.fastspeech2_conformer.modeling_fastspeech2_conformer.length_regulator")
+def _patch_length_regulator_gathered(original):
+    """FastSpeech 2 repeats each phoneme's features for its predicted duration in a loop over the batch, after an
+    `if durations.sum() == 0` branch on tensor values. The same frames gathered at once: frame f of a row takes the
+    phoneme whose cumulative duration first exceeds f, and frames past the row's total stay zero."""
+
+    def length_regulator(encoded_embeddings, duration_labels, speaking_speed=1.0):
+        import torch
+
+        if speaking_speed <= 0:
+            raise ValueError("`speaking_speed` must be greater than 0.")
+        if speaking_speed != 1.0:
+            duration_labels = torch.round(duration_labels.float() * speaking_speed).long()
+        silent_rows = duration_labels.sum(dim=1, keepdim=True).eq(0) & duration_labels.sum().eq(0)
+        duration_labels = torch.where(silent_rows, torch.ones_like(duration_labels), duration_labels)
+        ends = duration_labels.cumsum(dim=1)
+        longest = ends[:, -1].max().item()
+        torch._check(longest > 1, lambda: "the longest row is a single frame")  # broadcasts stay unambiguous
+        frames = torch.arange(longest, device=ends.device)
+        phoneme = (frames[None, :, None] >= ends[:, None, :]).sum(dim=-1)
+        phoneme = phoneme.clamp(max=encoded_embeddings.size(1) - 1)[..., None].expand(-1, -1, encoded_embeddings.size(2))
+        inside = (frames[None, :] < ends[:, -1:])[..., None]
+        return torch.gather(encoded_embeddings, 1, phoneme).float() * inside
+
+    return length_regulator
+
+
+@register_patch(
+    "dynamo",
+    "transformers.models.fastspeech2_conformer.modeling_fastspeech2_conformer.FastSpeech2ConformerRelPositionalEncoding"
+    ".extend_pos_enc",
+)
+def _patch_relative_positions_within_table(original):
+    """FastSpeech 2's decoder rebuilds its relative position table when the frames outgrow it, a branch on the
+    frame count, which its length regulator makes a value read from the durations. The program keeps the table it
+    has (5,000 frames) and asserts the frames fit."""
+
+    def extend_pos_enc(self, x, pos_enc=None):
+        import torch
+
+        if pos_enc is None:
+            return original(self, x, pos_enc)
+        torch._check(pos_enc.size(1) >= x.size(1) * 2 - 1,
+                     lambda: f"{x.size(1)} frames outgrow the relative position table of {pos_enc.size(1)}")
+        return pos_enc.to(dtype=x.dtype, device=x.device)
+
+    return extend_pos_enc
+
+
 @register_patch("dynamo", "transformers.models.ovis2.modeling_ovis2.Ovis2Model.forward")
 def _patch_ovis2_visual_indicators_by_where(original):
     """Ovis2 writes its visual indicator features into the embeddings under `if mask.any()`, a branch on token

@@ -345,6 +345,9 @@ CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaroun
     ("Ovis2Model", "dynamo", "_patch_ovis2_visual_indicators_by_where", "data-dependent"),
     ("OpenAIPrivacyFilterModel", "dynamo", "_patch_experts_batched_mm", "data-dependent"),  # asks for the eager loop
     ("EncodecModel", "dynamo", "_patch_codec_conv_paddings_as_ints", "data-dependent"),  # paddings from 0-d buffers
+    ("FastSpeech2ConformerModel", "dynamo", "_patch_length_regulator_gathered", "data-dependent"),  # loop, branch
+    # its decoder's frame count is read from the durations, and its position table grows past it
+    ("FastSpeech2ConformerModel", "dynamo", "_patch_relative_positions_within_table", "data-dependent"),
     # its distilling convolutions halve the sequence under a mask built for the whole of it
     ("InformerModel", "dynamo", "_patch_no_padding_means_no_mask", "Attention mask should be of size"),
     # a padding bucket picked by .item(); its bucket cache, hashed by seeded rotations, is an output
@@ -375,6 +378,18 @@ def _visual_indicators_after_the_image(inputs):
 def _a_whole_number_of_windows(inputs):  # which LED pads by a whole window, where eager pads nothing
     for name, value in inputs.items():
         inputs[name] = value[:, :4]
+
+
+def test_the_gathered_length_regulator_repeats_like_the_loop():
+    from transformers.models.fastspeech2_conformer import modeling_fastspeech2_conformer as fastspeech2
+
+    from exporters.exporter_dynamo import _patch_length_regulator_gathered
+
+    gathered = _patch_length_regulator_gathered(fastspeech2.length_regulator)
+    embeddings = torch.randn(3, 4, 5)
+    for durations in ([[1, 0, 2, 3], [0, 0, 0, 0], [2, 2, 1, 0]], [[0, 0, 0, 0]] * 3, [[3, 1, 0, 2]] * 3):
+        durations = torch.tensor(durations)  # the loop sets the durations of silent rows in place
+        assert torch.equal(gathered(embeddings, durations.clone()), fastspeech2.length_regulator(embeddings, durations))
 
 
 @pytest.mark.parametrize("name, workaround, vary", [
@@ -630,6 +645,13 @@ def test_onnx_squeeze_of_an_axis_longer_than_one_is_left_out():
         as_traced(**inputs)
 
 
+class _PatchEntropy(torch.nn.Module):
+    """BLT's patcher: the entropy of each position's next-byte distribution decides where patches start."""
+
+    def forward(self, logits):
+        return torch.distributions.Categorical(logits=logits).entropy()
+
+
 class _EvalModeDropout(torch.nn.Module):
     """SpeechT5's decoder prenet draws its dropout mask in eval mode too, here with a probability of 0."""
 
@@ -656,6 +678,7 @@ MODULE_CASES = [  # (backend, module, inputs, workaround, error without it)
      "_aten_sym_numel", "No ONNX function found for .*sym_numel"),
     ("executorch", _PatchIndexPerImage, {"patches": torch.randn(5, 3), "patches_per_image": torch.tensor([2, 3])},
      "_patch_repeat_interleave_as_gather", "repeat_interleave.Tensor is not in Core ATen"),
+    ("dynamo", _PatchEntropy, {"logits": torch.randn(2, 5, 8)}, "_patch_categorical_unvalidated", "data-dependent"),
     ("executorch", _EvalModeDropout, {"embeddings": torch.randn(2, 3, 4)},
      "_fix_certain_bernoulli", "bernoulli.p is not in Core ATen"),
     ("executorch", _PickedColumns, {"x": torch.randn(2, 5, 8), "keep": torch.tensor([True, False, True, True, False])},
