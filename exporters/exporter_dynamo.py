@@ -797,7 +797,8 @@ def _patch_length_regulator_gathered(original):
         torch._check(longest > 1, lambda: "the longest row is a single frame")  # broadcasts stay unambiguous
         frames = torch.arange(longest, device=ends.device)
         phoneme = (frames[None, :, None] >= ends[:, None, :]).sum(dim=-1)
-        phoneme = phoneme.clamp(max=encoded_embeddings.size(1) - 1)[..., None].expand(-1, -1, encoded_embeddings.size(2))
+        phoneme = phoneme.clamp(max=encoded_embeddings.size(1) - 1)[..., None]
+        phoneme = phoneme.expand(-1, -1, encoded_embeddings.size(2))
         inside = (frames[None, :] < ends[:, -1:])[..., None]
         return torch.gather(encoded_embeddings, 1, phoneme).float() * inside
 
