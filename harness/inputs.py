@@ -139,6 +139,9 @@ def _pixel_values(context: Context) -> torch.Tensor:
             context.inputs_so_far["pixel_attention_mask"] = torch.ones(mask_shape, dtype=torch.bool)
         return pixels
     frames = getattr(context.sub("vision_config"), "num_frames", None) or getattr(context.config, "num_frames", None)
+    if layout == "half-canvas":
+        channels, height, width = _image_shape(context)
+        return context.randn(context.batch, channels, height // 2, width)
     if layout == "pairs" or "KeypointMatching" in name:  # an image pair
         return context.randn(context.batch, 2, *_image_shape(context))
     # a video class whose only visual input is pixel_values (not its image tower alone, not image-or-video models)
@@ -715,6 +718,9 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     "token_type_ids": _token_type_ids,
     "decoder_input_ids": _decoder_input_ids,
     "pixel_values": _pixel_values,
+    # SegGPT's in-context example: an image and its segmentation, drawn as images
+    "prompt_pixel_values": _pixel_values,
+    "prompt_masks": _pixel_values,
     "flattened_patches": _flattened_patches,
     "image_embeds_position_mask": _image_embeds_position_mask,
     "input_features": _input_features,

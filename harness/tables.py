@@ -170,6 +170,14 @@ TINY_OVERRIDES: dict[str, dict] = {
     # its stages keep the resolution (no patch merging), which the rule for halving stages takes for six halvings
     # (256 pixels): two stages, two windows of 8 a side
     "swin2sr": {"image_size": 16, "depths": [1, 1], "num_heads": [4, 4]},
+    # prompt and input merge before the first output it keeps (the shrink puts outputs at layers 0 to 3)
+    "seggpt": {"merge_index": 0, "image_size": [64, 32]},
+    # the full T5Gemma 2 config hands its dropout rate down to the encoder's text config; alone, nothing does
+    "t5gemma2_encoder": {"text_config.dropout_rate": 0.0},
+    # its atom encoders' 3-d rotary needs 3 × spatial + uid frequency pairs within half a (now 8-wide) head
+    "esmfold2": {"atom_encoder.num_spatial_rope_pairs_per_axis": 1, "atom_encoder.num_uid_rope_pairs": 1,
+                 "structure_head.atom_encoder.num_spatial_rope_pairs_per_axis": 1,
+                 "structure_head.atom_encoder.num_uid_rope_pairs": 1},
     "mobilevit": {"image_size": 64},
     # its channels double at each of four downsamplings: from 4, its LSTM is 64 wide, not 512
     "encodec": {"num_filters": 4},
@@ -401,6 +409,7 @@ PIXEL_LAYOUTS: dict[str, str] = {
     "llava_onevision": "tiles",
     "granite4_vision": "tiles",
     "efficientloftr": "pairs",  # its backbone too reads image pairs, batch x 2 x C x H x W
+    "seggpt": "half-canvas",  # its example image stacked above the image fill its configured canvas
     "tvp": "video",  # its frames, batch x frames x C x H x W
     "xclip": "video",  # a clip of num_frames images, batch x frames x C x H x W
     "xclip_vision_model": "flat-video",  # the same clips, their frames flattened into the batch

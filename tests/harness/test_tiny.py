@@ -169,6 +169,8 @@ KINDS = {
     "DeepseekOcr2TextModel": "text",  # layer kinds its composite config would set
     "Gemma4VisionModel": "image",  # raw patches, each with its grid position
     "SpeechEncoderDecoderModel": "text+audio",  # raw samples for its wav2vec2 encoder, and no features beside
+    "SegGptForImageSegmentation": "image",  # an example image and mask, stacked above the image in its canvas
+    "T5Gemma2Encoder": "text+image",  # the dropout rate its full config would hand down
 }
 
 
