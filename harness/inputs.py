@@ -893,16 +893,18 @@ def _vision_precomputed(model, inputs: dict) -> None:
 
 
 _TEXT_KWARGS = {"cu_seqlens", "position_ids"}
+_HELPER_PREFIXES = ("get_vision_", "get_audio_")  # the Qwen audio towers window their frames so too
 _POPPED_KWARG = re.compile(r"""kwargs\.pop\(["'](\w+)["']""")
 
 
 def _vision_helpers(model) -> dict[Callable, tuple[list, tuple[str, ...]]]:
-    """``helper -> ([(module, name) it is reached by], kwargs it pops)`` for every ``get_vision_*`` function of
-    ``vision_utils`` and of the model's own modules that takes its result precomputed."""
+    """``helper -> ([(module, name) it is reached by], kwargs it pops)`` for every ``get_vision_*`` (and
+    ``get_audio_*``) function of ``vision_utils`` and of the model's own modules that takes its result precomputed."""
     from transformers import vision_utils
 
     def functions(module):
-        return [(name, f) for name, f in vars(module).items() if name.startswith("get_vision_") and inspect.isfunction(f)]
+        return [(name, f) for name, f in vars(module).items()
+                if name.startswith(_HELPER_PREFIXES) and inspect.isfunction(f)]
 
     modules = {sys.modules[type(m).__module__] for m in model.modules()}
     if not any(functions(module) for module in modules):

@@ -175,9 +175,10 @@ TINY_OVERRIDES: dict[str, dict] = {
     # the full T5Gemma 2 config hands its dropout rate down to the encoder's text config; alone, nothing does
     "t5gemma2_encoder": {"text_config.dropout_rate": 0.0},
     # its atom encoders' 3-d rotary needs 3 × spatial + uid frequency pairs within half a (now 8-wide) head
-    "esmfold2": {"atom_encoder.num_spatial_rope_pairs_per_axis": 1, "atom_encoder.num_uid_rope_pairs": 1,
-                 "structure_head.atom_encoder.num_spatial_rope_pairs_per_axis": 1,
-                 "structure_head.atom_encoder.num_uid_rope_pairs": 1},
+    # and its single-residue inputs are the atom encoding beside two residue-type one-hots and a flag
+    "esmfold2": {"single_inputs_size": 32 + 2 * 33 + 1, "atom_encoder.num_spatial_rope_pairs_per_axis": 1, "atom_encoder.num_uid_rope_pairs": 1,
+                 "structure_head.diffusion_module.atom_encoder.num_spatial_rope_pairs_per_axis": 1,
+                 "structure_head.diffusion_module.atom_encoder.num_uid_rope_pairs": 1},
     "mobilevit": {"image_size": 64},
     # its channels double at each of four downsamplings: from 4, its LSTM is 64 wide, not 512
     "encodec": {"num_filters": 4},

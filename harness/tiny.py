@@ -251,7 +251,7 @@ def shrink(config, overrides: dict | None = None) -> dict:
 
             value = AutoConfig.for_model(**value)
         if _is_config(value):
-            values[name] = tiny_from(_without_timm(value))
+            values[name] = tiny_from(_without_timm(value), _under(name, overrides or {}))
         elif name in _BACKBONE_FIELDS:
             values[name] = _BACKBONE_FIELDS[name]  # timm and hub weights are not here: the built-in backbone is
         else:
@@ -447,10 +447,16 @@ def _fit_rope_sections(config_class, values: dict, head_dim: int) -> None:
             values["rope_parameters"] = {**rope, key: type(sections)(scaled)}
 
 
-def tiny_from(config):
-    """A tiny config of the same class as ``config``, shrunk from its current values, with its model type's row
-    (a sub-config checks itself when built: its row must apply then, not only through its parent's)."""
-    return type(config)(**shrink(config, TINY_OVERRIDES.get(getattr(config, "model_type", ""))))
+def tiny_from(config, overrides: dict | None = None):
+    """A tiny config of the same class as ``config``, shrunk from its current values, with its model type's row and
+    ``overrides`` (a sub-config checks itself when built: its parent's row must apply then, not only after)."""
+    own_row = TINY_OVERRIDES.get(getattr(config, "model_type", ""), {})
+    return type(config)(**shrink(config, {**own_row, **(overrides or {})}))
+
+
+def _under(name: str, overrides: dict) -> dict:
+    """The dotted ``overrides`` below ``name``, relative to it."""
+    return {key.removeprefix(f"{name}."): value for key, value in overrides.items() if key.startswith(f"{name}.")}
 
 
 def _apply_overrides(values: dict, overrides: dict) -> None:

@@ -210,6 +210,14 @@ def test_a_sub_configs_row_applies_where_the_sub_config_is_built():
     assert llama4.vision_config.intermediate_size == 4 * llama4.vision_config.hidden_size
 
 
+def test_a_parents_row_reaches_a_nested_sub_config_without_a_model_type_as_it_is_built():
+    """ESMFold 2's atom encoders (no model type, so no row of their own) check their rotary against their head."""
+    config = tiny_config(select("EsmFold2Model")[0])
+    nested = config.structure_head.diffusion_module.atom_encoder
+    assert (config.atom_encoder.num_uid_rope_pairs, nested.num_uid_rope_pairs) == (1, 1)
+    assert 3 * nested.num_spatial_rope_pairs_per_axis + nested.num_uid_rope_pairs <= nested.head_dim // 2
+
+
 def test_a_vision_language_model_gets_one_placeholder_per_image_feature():
     context = ClassContext(select("LlavaForConditionalGeneration")[0]).prepare()
     ids = context.inputs["A"]["input_ids"]
@@ -279,6 +287,7 @@ def test_multimodal_rotary_positions_are_fed_as_the_model_computes_them(name):
     ("Kimi_K25VisionModel", {"cu_seqlens", "position_ids", "interp_indices", "frame_index", "temporal_merge_index"}),
     ("MiniCPMV4_7VisionModel", {"position_ids", "window_index", "cu_window_seqlens"}),  # grid from target_sizes
     ("Qwen2_5_VLModel", {"window_index", "cu_window_seqlens"}),  # its language model reads the rest as text's
+    ("Qwen3ASREncoder", {"cu_seqlens"}),  # its attention windows over the frames the mask leaves
 ])
 def test_vision_grid_helpers_are_fed_as_the_model_computes_them(name, precomputed):
     context = ClassContext(select(name)[0]).prepare()
