@@ -378,6 +378,16 @@ def _decoder_input_ids(context: Context) -> torch.Tensor | None:
     return None
 
 
+def _audio_codes(context: Context) -> torch.Tensor | None:
+    """Inkling's audio tower alone: a code of every codebook per frame, (batch, frames, codebooks). Its composite
+    places audio by placeholder tokens, which the text here does not hold."""
+    codebooks, size = context.get("num_codebooks"), context.get("codebook_size")
+    if "input_ids" in context.parameters or not (isinstance(codebooks, int) and isinstance(size, int)):
+        return None
+    context.label_hint = "audio"
+    return torch.randint(0, size, (context.batch, context.length, codebooks), generator=context.generator)
+
+
 def _decoder_codebooks(config) -> int | None:
     """MusicGen's decoder reads audio codes, one row per codebook: (batch * codebooks, length)."""
     codebooks = getattr(getattr(config, "decoder", None), "num_codebooks", None)
@@ -725,6 +735,7 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     "image_embeds_position_mask": _image_embeds_position_mask,
     "input_features": _input_features,
     "input_values": _input_values,
+    "audio_input_ids": _audio_codes,
     "codebook_idx": lambda context: 1,  # which codebook a fine acoustic model predicts: a constant
     # a model that samples its audio latents unless told not to (VibeVoice's VAE): eager and export take the mean
     "sample": lambda context: False if context.parameters["sample"].default is True else None,

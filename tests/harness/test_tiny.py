@@ -171,6 +171,7 @@ KINDS = {
     "SpeechEncoderDecoderModel": "text+audio",  # raw samples for its wav2vec2 encoder, and no features beside
     "SegGptForImageSegmentation": "image",  # an example image and mask, stacked above the image in its canvas
     "T5Gemma2Encoder": "text+image",  # the dropout rate its full config would hand down
+    "InklingAudioModel": "audio",  # a code of every codebook per frame
 }
 
 
