@@ -446,7 +446,9 @@ PIXEL_LAYOUTS: dict[str, str] = {
 # model class -> the input its forward really starts from, where main_input_name says otherwise; it is fed alone
 # (no token ids beside it)
 MAIN_INPUTS: dict[str, str] = {
-    "SeamlessM4TTextToUnitModel": "inputs_embeds",  # its encoder refuses token ids: it reads the text model's states
+    # its encoder refuses token ids: it reads the text model's states
+    "SeamlessM4TTextToUnitModel": "inputs_embeds",
+    "SeamlessM4TTextToUnitForConditionalGeneration": "inputs_embeds",
     "Pop2PianoForConditionalGeneration": "input_features",  # its encoder reads the audio features in place of tokens
     "SpeechEncoderDecoderModel": "input_values",  # its default encoder is a wav2vec2: raw samples
     # text or speech in, one attention mask for whichever it is: speech, as its speech-to-text sibling is fed

@@ -172,6 +172,7 @@ KINDS = {
     "SegGptForImageSegmentation": "image",  # an example image and mask, stacked above the image in its canvas
     "T5Gemma2Encoder": "text+image",  # the dropout rate its full config would hand down
     "InklingAudioModel": "audio",  # a code of every codebook per frame
+    "SeamlessM4TTextToUnitForConditionalGeneration": "text",  # the text model's states, its decoder's unit tokens
 }
 
 
