@@ -449,6 +449,11 @@ MAIN_INPUTS: dict[str, str] = {
     # its encoder refuses token ids: it reads the text model's states
     "SeamlessM4TTextToUnitModel": "inputs_embeds",
     "SeamlessM4TTextToUnitForConditionalGeneration": "inputs_embeds",
+    # Qwen3-Omni's talker reads the thinker's states (it has no embedding table), and its code predictor, prefilled,
+    # the talker's
+    "Qwen3OmniMoeTalkerModel": "inputs_embeds",
+    "Qwen3OmniMoeTalkerCodePredictorModel": "inputs_embeds",
+    "Qwen3OmniMoeTalkerCodePredictorModelForConditionalGeneration": "inputs_embeds",
     "Pop2PianoForConditionalGeneration": "input_features",  # its encoder reads the audio features in place of tokens
     "SpeechEncoderDecoderModel": "input_values",  # its default encoder is a wav2vec2: raw samples
     # text or speech in, one attention mask for whichever it is: speech, as its speech-to-text sibling is fed
