@@ -42,6 +42,8 @@ MODALITY_INPUTS = {
     "past_values": "time-series",
     "inputs": "audio",
     "audio_mel": "audio",
+    "moshi_audio_codes": "audio",
+    "user_audio_codes": "audio",
 }
 
 
@@ -343,7 +345,8 @@ def _input_ids(context: Context) -> torch.Tensor:
     if isinstance(codebooks, int) and hasattr(context.config, "codebook_pad_token_id"):
         # CSM's backbone: a frame of every codebook per position, (batch, length, codebooks)
         return torch.stack([context.tokens() for _ in range(codebooks)], dim=-1)
-    if isinstance(codebooks, int) and codebooks > 1 and "decoder_input_ids" not in context.parameters:
+    own_codes = {"decoder_input_ids", "moshi_audio_codes"} & set(context.parameters)  # codes come by another name
+    if isinstance(codebooks, int) and codebooks > 1 and not own_codes:
         # audio-code decoders (MusicGen) take one row per codebook: (batch * codebooks, length)
         return context.tokens(batch=context.batch * codebooks)
     return context.tokens()
@@ -386,6 +389,13 @@ def _audio_codes(context: Context) -> torch.Tensor | None:
         return None
     context.label_hint = "audio"
     return torch.randint(0, size, (context.batch, context.length, codebooks), generator=context.generator)
+
+
+def _moshi_codes(context: Context) -> torch.Tensor:
+    """Moshi's two audio streams (its own and the user's) beside its text: a code of every codebook per position,
+    (batch, codebooks, length)."""
+    codes = torch.stack([context.tokens() for _ in range(context.get("num_codebooks"))], dim=1)
+    return codes % context.get("audio_vocab_size")
 
 
 def _decoder_codebooks(config) -> int | None:
@@ -736,6 +746,8 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     "input_features": _input_features,
     "input_values": _input_values,
     "audio_input_ids": _audio_codes,
+    "moshi_audio_codes": _moshi_codes,
+    "user_audio_codes": _moshi_codes,
     "codebook_idx": lambda context: 1,  # which codebook a fine acoustic model predicts: a constant
     # a model that samples its audio latents unless told not to (VibeVoice's VAE): eager and export take the mean
     "sample": lambda context: False if context.parameters["sample"].default is True else None,
@@ -750,7 +762,8 @@ _ALWAYS = ("attention_mask", "token_type_ids", "decoder_input_ids", "pixel_value
            "lang_ids", "visual_feats", "visual_pos", "image_attention_mask", "global_attention_mask", "target_sizes",
            "grid_thw", "input_features", "decoder_input_values", "thinker_reply_part", "input_text_ids",
            "flattened_patches", "image_embeds_position_mask", "image_grid_hw", "high_res_pixel_values", "sample",
-           "return_loss", "question_positions", "timestep", "region_to_phrase_position", *_TRAJECTORY, *_ENTITIES)
+           "return_loss", "question_positions", "timestep", "region_to_phrase_position", "moshi_audio_codes",
+           "user_audio_codes", *_TRAJECTORY, *_ENTITIES)
 
 
 def _parameters(model) -> dict[str, inspect.Parameter]:

@@ -173,6 +173,8 @@ KINDS = {
     "T5Gemma2Encoder": "text+image",  # the dropout rate its full config would hand down
     "InklingAudioModel": "audio",  # a code of every codebook per frame
     "SeamlessM4TTextToUnitForConditionalGeneration": "text",  # the text model's states, its decoder's unit tokens
+    "MoshiForConditionalGeneration": "text+audio",  # its own and the user's audio codes beside the text
+    "Qwen3OmniMoeTalkerModel": "other",  # the thinker's states: it has no embedding table
 }
 
 
