@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextvars
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -108,6 +108,7 @@ class OnnxExporter:
                 with log.stage("torch-patches"):
                     active.enter_context(apply_patches("onnx", fired, select=lambda path: not is_backend_internal(path)))
                 traced = trace_model(model, inputs, config, log)
+                traced = replace(traced, output_names=_computed_output_names(traced))
                 active.close()  # torch patches serve the trace only
                 with log.stage("fx-node-fixes"):
                     apply_fx_node_fixes("onnx", traced.program.graph_module, log.applied)
@@ -138,6 +139,16 @@ class OnnxExporter:
             log.note(sorted(fired))
         metadata = build_metadata("onnx", model, traced, config, log)
         return OnnxExported(onnx_program.model, metadata)
+
+
+def _computed_output_names(traced) -> list[str]:
+    """The names of the outputs the program computes. Python numbers a forward returns beside its tensors (the
+    step Qwen3-Omni's code predictor is at) stay constants of the program; an ONNX graph leaves them out."""
+    from torch.export.graph_signature import ConstantArgument, OutputKind
+
+    specs = [spec for spec in traced.program.graph_signature.output_specs if spec.kind == OutputKind.USER_OUTPUT]
+    return [name for name, spec in zip(traced.output_names, specs, strict=True)
+            if not isinstance(spec.arg, ConstantArgument)]
 
 
 def _name_inputs_and_outputs(graph, input_names: list[str], output_names: list[str]) -> None:
@@ -195,6 +206,27 @@ def _patch_refix_after_decompositions(original):
         return prepared
 
     return prepare
+
+
+@register_patch("onnx", "torch.onnx._internal.exporter._core._handle_output_node", reports=True)
+def _patch_constant_outputs_left_out(original):
+    """The translator takes every output of the program for a node, and fails on a Python number (`'int' object has
+    no attribute 'name'`). The numbers are not computed: left out of the graph, as from its output names."""
+
+    def _handle_output_node(node, node_name_to_values, graph_like):
+        outputs = node.args[0] if isinstance(node.args[0], (tuple, list)) else (node.args[0],)
+        computed = tuple(output for output in outputs if output is None or isinstance(output, torch.fx.Node))
+        if len(computed) == len(outputs):
+            return original(node, node_name_to_values, graph_like)
+        report_applied()
+        arguments = node.args
+        node.args = (computed, *arguments[1:])
+        try:
+            return original(node, node_name_to_values, graph_like)
+        finally:
+            node.args = arguments
+
+    return _handle_output_node
 
 
 @register_patch("onnx", "onnxscript.rewriter._matcher.SimplePatternMatcher._match_constant", reports=True)

@@ -148,6 +148,20 @@ def test_bare_tensor_output_is_named_output():
     assert exporters.named_leaves(Double()(torch.ones(2))).keys() == {"output"}
 
 
+def test_python_numbers_among_the_outputs_stay_out_of_the_onnx_graph():
+    class StepPredictor(torch.nn.Module):  # Qwen3-Omni's code predictor returns the step it is at
+        def forward(self, embeddings):
+            return {"logits": embeddings * 2, "generation_steps": embeddings.shape[1] - 2}
+
+    inputs = {"embeddings": torch.randn(2, 5)}
+    exported = exporters.OnnxExporter().export(StepPredictor(), inputs)
+    assert "_patch_constant_outputs_left_out" in exported.applied
+    assert exported(**inputs).keys() == exporters.named_leaves(StepPredictor()(**inputs)).keys() == {"logits"}
+    assert torch.equal(exported(**inputs)["logits"], inputs["embeddings"] * 2)
+    with disabled_workarounds("_patch_constant_outputs_left_out"), pytest.raises(exporters.ExportError, match="name"):
+        exporters.OnnxExporter().export(StepPredictor(), inputs)
+
+
 def test_mixture_of_experts_runs_batched_matmuls_for_export(tiny):
     model = tiny("Qwen2MoeForCausalLM")
     exported = _export(model, "onnx")
