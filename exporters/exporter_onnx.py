@@ -174,6 +174,29 @@ def _name_inputs_and_outputs(graph, input_names: list[str], output_names: list[s
 # `@register_patch("onnx", "torch.<op>")`: replace a torch op the ONNX lowering cannot take as the model calls it.
 
 
+@register_patch("onnx", "torch.cummax", "torch.cummin")
+def _patch_running_extremes_by_comparison(original):
+    """ONNX has no running maximum or minimum, and torch.onnx no function for `cummax` or `cummin` (Grounding DINO
+    finds each token's previous and next special tokens by them). Position i's extreme is that of the row with the
+    values after i replaced by the value at i; its index, the last position holding it, which is i itself when the
+    value at i is the extreme."""
+    largest = original is torch.cummax
+
+    def running_extreme(input, dim):
+        if not isinstance(input, torch.Tensor) or input.dim() == 0:
+            return original(input, dim)
+        row = input.movedim(dim, -1)
+        positions = torch.arange(row.shape[-1], device=input.device)
+        prefixes = torch.where(positions <= positions[:, None], row.unsqueeze(-2), row.unsqueeze(-1))
+        values = prefixes.amax(dim=-1) if largest else prefixes.amin(dim=-1)
+        holding = torch.where(prefixes == values.unsqueeze(-1), positions, 0).amax(dim=-1)
+        indices = torch.minimum(holding, positions)
+        result = torch.return_types.cummax if largest else torch.return_types.cummin
+        return result((values.movedim(-1, dim), indices.movedim(-1, dim)))
+
+    return running_extreme
+
+
 
 # ── Stage 2: ONNX patches ────────────────────────────────────────────────────
 # `@register_patch("onnx", "torch.onnx._internal....")`: hooks into the converter itself.
@@ -320,6 +343,25 @@ def _aten__is_all_true(self):
     from onnxscript import opset18 as op
 
     return op.Cast(op.ReduceMin(op.Cast(self, to=7), keepdims=0), to=9)  # 7: INT64, 9: BOOL
+
+
+@register_onnx_translation(torch.ops.aten.searchsorted.Tensor)
+def _aten_searchsorted(sorted_sequence, self, out_int32=False, right=False, side=None, sorter=None):
+    """torch.onnx has no function for `searchsorted` (Music Flamingo maps its encoder rows to their audio samples
+    by it; decompositions of packed sequences bring it too). A value's insertion point in a sorted row is the
+    number of the row's elements below it (at or below it, on the right)."""
+    from onnxscript import opset18 as op
+
+    if sorter is not None:
+        raise NotImplementedError("searchsorted with a sorter")
+    one_row = len(sorted_sequence.shape) == 1
+    if sorted_sequence.dtype != self.dtype:  # torch compares them in a common type
+        sorted_sequence, self = op.Cast(sorted_sequence, to=11), op.Cast(self, to=11)  # 11: DOUBLE
+    values = op.Unsqueeze(self, [-1])
+    rows = sorted_sequence if one_row else op.Unsqueeze(sorted_sequence, [-2])
+    below = op.LessOrEqual(rows, values) if right or side == "right" else op.Less(rows, values)
+    count = op.ReduceSum(op.Cast(below, to=7), [-1], keepdims=0)  # 7: INT64
+    return op.Cast(count, to=6) if out_int32 else count  # 6: INT32
 
 
 @register_onnx_translation(torch.ops.aten.sym_numel.default)

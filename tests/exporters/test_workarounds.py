@@ -666,6 +666,22 @@ class _PatchEntropy(torch.nn.Module):
         return torch.distributions.Categorical(logits=logits).entropy()
 
 
+class _SpecialTokenSpans(torch.nn.Module):
+    """Grounding DINO: each token's previous special token by a running maximum, its next one by a running
+    minimum."""
+
+    def forward(self, positions):
+        return (*torch.cummax(positions, dim=1), *torch.cummin(positions.flip(1), dim=1))
+
+
+class _RowsOfSamples(torch.nn.Module):
+    """Music Flamingo: the audio sample each encoder row comes from, searching float row starts among integer
+    sample ends."""
+
+    def forward(self, sample_lengths, row_starts):
+        return torch.searchsorted(sample_lengths.cumsum(0), row_starts, right=True)
+
+
 class _EvalModeDropout(torch.nn.Module):
     """SpeechT5's decoder prenet draws its dropout mask in eval mode too, here with a probability of 0."""
 
@@ -693,6 +709,10 @@ MODULE_CASES = [  # (backend, module, inputs, workaround, error without it)
     ("executorch", _PatchIndexPerImage, {"patches": torch.randn(5, 3), "patches_per_image": torch.tensor([2, 3])},
      "_patch_repeat_interleave_as_gather", "repeat_interleave.Tensor is not in Core ATen"),
     ("dynamo", _PatchEntropy, {"logits": torch.randn(2, 5, 8)}, "_patch_categorical_unvalidated", "data-dependent"),
+    ("onnx", _SpecialTokenSpans, {"positions": torch.tensor([[-1, 2, -1, -1, 4, 4, -1], [0, -1, 3, 1, -1, 3, 6]])},
+     "_patch_running_extremes_by_comparison", "No ONNX function found for .*cumm"),
+    ("onnx", _RowsOfSamples, {"sample_lengths": torch.tensor([3, 1, 4]), "row_starts": torch.tensor([0.0, 3, 3.5, 4, 7])},
+     "_aten_searchsorted", "No ONNX function found for .*searchsorted"),
     ("executorch", _EvalModeDropout, {"embeddings": torch.randn(2, 3, 4)},
      "_fix_certain_bernoulli", "bernoulli.p is not in Core ATen"),
     ("executorch", _PickedColumns, {"x": torch.randn(2, 5, 8), "keep": torch.tensor([True, False, True, True, False])},
