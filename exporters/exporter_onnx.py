@@ -252,6 +252,26 @@ def _patch_constant_outputs_left_out(original):
     return _handle_output_node
 
 
+_MIN_MAX_RULES = "onnxscript.rewriter.rules.common._min_max_to_clip"
+
+
+@register_patch("onnx", *(f"{_MIN_MAX_RULES}.{rule}.compute_constants" for rule in (
+    "FuseSuccessiveMin", "FuseSuccessiveMax", "FuseMaxMinToClip", "FuseMinMaxToClip")), reports=True)
+def _patch_fused_bounds_named_by_their_node(original):
+    """The optimizer fuses `Min`/`Max` pairs into one op whose bounds become initializers named after its input
+    (`x_min`, `x_max`). Two fusions on one input (Gemma 4's audio tower clamps one activation three ways) name
+    theirs alike, and the renamed copies never reach the graph (`'mul_8_min_1' is not a graph input`). Named after
+    the node they replace, they are distinct."""
+
+    def compute_constants(self, first_node, second_node, input_name=""):
+        if not input_name:  # checking the bounds, not naming them
+            return original(self, first_node, second_node)
+        report_applied()
+        return original(self, first_node, second_node, second_node.name)
+
+    return compute_constants
+
+
 @register_patch("onnx", "onnxscript.rewriter._matcher.SimplePatternMatcher._match_constant", reports=True)
 def _patch_optimizer_zero_means_zero(original):
     """The optimizer's no-op rules (`x + 0`, `x - 0` -> `x`) match constants within an absolute tolerance of 1e-8,

@@ -162,6 +162,31 @@ def test_python_numbers_among_the_outputs_stay_out_of_the_onnx_graph():
         exporters.OnnxExporter().export(StepPredictor(), inputs)
 
 
+class _ClippedProjections(torch.nn.Module):
+    """Gemma 4's audio attention: query, key and value each clamp the one input between bounds kept as buffers."""
+
+    def __init__(self):
+        super().__init__()
+        self.projections = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(3))
+        self.register_buffer("bounds", torch.tensor([[-1.0, 1.0], [-2.0, 0.5], [-0.5, 2.0]]))
+
+    def forward(self, hidden_states):
+        return tuple(projection(torch.clamp(hidden_states, low, high))
+                     for projection, (low, high) in zip(self.projections, self.bounds))
+
+
+def test_the_onnx_optimizer_names_the_bounds_it_fuses_apart():
+    model, inputs = _ClippedProjections().eval(), {"hidden_states": 3 * torch.randn(2, 4)}
+    exported = exporters.OnnxExporter().export(model, inputs)
+    assert "_patch_fused_bounds_named_by_their_node" in exported.applied
+    for got, want in zip(exported(**inputs).values(), model(**inputs), strict=True):
+        torch.testing.assert_close(got, want)
+    with disabled_workarounds("_patch_fused_bounds_named_by_their_node"):
+        unpatched = exporters.OnnxExporter().export(model, inputs)
+        with pytest.raises(Exception, match="is not a graph input"):
+            unpatched(**inputs)
+
+
 def test_mixture_of_experts_runs_batched_matmuls_for_export(tiny):
     model = tiny("Qwen2MoeForCausalLM")
     exported = _export(model, "onnx")
