@@ -299,7 +299,7 @@ def run_cell(cell: Cell, context: ClassContext, registry=None, on_stage: Callabl
         exported = exporter.export(context.model, context.inputs["A"], config)
     except exporters.ExportError as error:
         record.stages.extend(_exporter_stages(error.stages))
-        failed = record.stages[-1] if record.stages[-1].status == "fail" else None
+        failed = _raising_stage(record.stages, error.stage)
         if failed is None:  # failed outside any stage: name it after the backend
             failed = StageRecord(f"{cell.backend}-export", "fail", 0.0)
             record.stages.append(failed)
@@ -436,6 +436,13 @@ def specialized_axes(program_shapes: dict[str, list], first: dict, second: dict)
 
 def _exporter_stages(stages: list[dict]) -> list[StageRecord]:
     return [StageRecord(stage["name"], stage["status"], stage["seconds"]) for stage in stages]
+
+
+def _raising_stage(stages: list[StageRecord], name: str) -> StageRecord | None:
+    """The failing stage an export error names: the innermost that raised (torch.onnx's decompositions run inside
+    its translation, which fails with them); else the last failing one."""
+    failing = [stage for stage in stages if stage.status == "fail"]
+    return next((stage for stage in reversed(failing) if stage.name == name), failing[-1] if failing else None)
 
 
 def _done(record: CellRecord) -> CellRecord:

@@ -87,5 +87,8 @@ def test_failure_inside_the_converter_keeps_the_inner_stage():
         with pytest.raises(exporters.OnnxExportError, match="boom after decompositions") as failure:
             exporters.OnnxExporter().export(Tiny(), {"x": torch.randn(2, 4)})
         assert failure.value.stage == "decompositions"
+        from harness.cells import _exporter_stages, _raising_stage  # the sweep's cell names it too
+
+        assert _raising_stage(_exporter_stages(failure.value.stages), failure.value.stage).name == "decompositions"
     finally:
         utils._FX_NODE_FIXES["onnx"].remove(_fix_explodes)
