@@ -123,7 +123,7 @@ def trace_model(model: torch.nn.Module, inputs: dict[str, Any], config: DynamoCo
     fired: set[str] = {"size_inputs_as_constants"} if size_dtypes else set()
     with ExitStack() as active, torch.no_grad():
         with log.stage("signature"):
-            active.enter_context(flat_forward(model, list(traced_inputs), constants, size_dtypes))
+            active.enter_context(flat_forward(model, list(traced_inputs), constants, size_dtypes, not config.dynamic))
         with log.stage("model-patches"):
             active.enter_context(apply_patches("dynamo", fired))
             active.enter_context(segmented_attention(model, fired))
@@ -154,14 +154,16 @@ def trace_model(model: torch.nn.Module, inputs: dict[str, Any], config: DynamoCo
 # `use_cache=False`) are bound inside instead of becoming program inputs.
 
 
-_SIZE_NUMEL_LIMIT = 4096  # image grids and the per-image sizes computed from them
+_SIZE_NUMEL_LIMIT = 4096  # image grids, the per-image sizes computed from them, feature map sizes
 
 
 @contextmanager
-def flat_forward(model: torch.nn.Module, names: list[str], constants: dict[str, Any], size_dtypes=None):
+def flat_forward(model: torch.nn.Module, names: list[str], constants: dict[str, Any], size_dtypes=None,
+                 static: bool = False):
     """``model.forward`` taking the traced inputs by name, the constants bound; size inputs baked as constants
     (``size_dtypes``: their dtypes) reach the model as the tensors it expects, made during the trace, whose values
-    the trace keeps: their ``tolist()`` gives numbers, not data-dependent sizes."""
+    the trace keeps: their ``tolist()`` gives numbers, not data-dependent sizes. A ``static`` trace keeps the values
+    of every small tensor the forward builds from numbers (SAM 3's feature map sizes, which its decoder reads)."""
     import torch._subclasses.fake_tensor as fake_tensor
 
     had_own = "forward" in vars(model)
@@ -177,7 +179,7 @@ def flat_forward(model: torch.nn.Module, names: list[str], constants: dict[str, 
 
     # the trace keeps values only of tensors this small, and of what is computed from them alone (1 by default)
     numel_limit = fake_tensor.CONSTANT_NUMEL_LIMIT
-    if size_dtypes:
+    if static:
         fake_tensor.CONSTANT_NUMEL_LIMIT = max(numel_limit, _SIZE_NUMEL_LIMIT)
 
     forward.__signature__ = inspect.Signature(

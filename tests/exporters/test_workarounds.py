@@ -187,6 +187,27 @@ def test_the_onnx_optimizer_names_the_bounds_it_fuses_apart():
             unpatched(**inputs)
 
 
+class _FeatureMapSizes(torch.nn.Module):
+    """SAM 3: the encoder records its feature map's size in a tensor; the decoder reads it back to build a position
+    bias over the map, which attention then checks against the keys."""
+
+    def forward(self, features, queries):
+        sizes = torch.tensor([tuple(features.shape[-2:])])
+        height, width = sizes[0, 0], sizes[0, 1]
+        bias = (torch.arange(height)[:, None] + torch.arange(width)).flatten().float()
+        keys = features.flatten(2).transpose(1, 2)[:, None]
+        return torch.nn.functional.scaled_dot_product_attention(queries, keys, keys, attn_mask=bias[None, None, None])
+
+
+def test_a_static_export_keeps_the_values_of_small_tensors_the_forward_builds(monkeypatch):
+    model, inputs = _FeatureMapSizes(), {"features": torch.randn(2, 8, 4, 5), "queries": torch.randn(2, 1, 3, 8)}
+    exported = exporters.DynamoExporter().export(model, inputs, exporters.DynamoConfig())
+    assert torch.equal(exported(**inputs)["output"], model(**inputs))
+    monkeypatch.setattr("exporters.exporter_dynamo._SIZE_NUMEL_LIMIT", 1)  # torch's own: values of one element
+    with pytest.raises(exporters.ExportError, match="data-dependent"):
+        exporters.DynamoExporter().export(model, inputs, exporters.DynamoConfig())
+
+
 def test_mixture_of_experts_runs_batched_matmuls_for_export(tiny):
     model = tiny("Qwen2MoeForCausalLM")
     exported = _export(model, "onnx")
