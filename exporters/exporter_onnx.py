@@ -197,7 +197,6 @@ def _patch_running_extremes_by_comparison(original):
     return running_extreme
 
 
-
 # ── Stage 2: ONNX patches ────────────────────────────────────────────────────
 # `@register_patch("onnx", "torch.onnx._internal....")`: hooks into the converter itself.
 
