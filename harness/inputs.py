@@ -185,10 +185,11 @@ def _patch_pixels(context: Context) -> torch.Tensor:
     if "spatial_shapes" in context.parameters:
         context.inputs_so_far["spatial_shapes"] = torch.tensor([[rows, columns]] * context.batch)
         context.inputs_so_far["pixel_attention_mask"] = torch.ones(context.batch, rows * columns, dtype=torch.long)
-    if "pixel_position_ids" in context.parameters:  # Gemma 4's tower: each patch's (column, row)
+    # Gemma 4's tower: each patch's (column, row), by either name (Diffusion Gemma's encoder hands them down)
+    for name in {"pixel_position_ids", "image_position_ids"} & set(context.parameters):
         row, column = torch.meshgrid(torch.arange(rows), torch.arange(columns), indexing="ij")
         positions = torch.stack([column, row], dim=-1).reshape(1, rows * columns, 2)
-        context.inputs_so_far["pixel_position_ids"] = positions.repeat(context.batch, 1, 1)
+        context.inputs_so_far[name] = positions.repeat(context.batch, 1, 1)
     return context.randn(context.batch, rows * columns, channels * patch * patch)
 
 

@@ -403,6 +403,7 @@ RAW_AUDIO_CHANNELS: dict[str, int] = {
 PIXEL_LAYOUTS: dict[str, str] = {
     "fuyu": "patches",  # a linear layer over raw patches instead of a vision tower
     "gemma4_vision": "patches",  # the same, each patch with its grid position
+    "diffusion_gemma": "patches",  # its encoder's Gemma 4 tower
     "neomme": "flat-patches",  # the batch's patches in one list, patches x C*P*P
     # any-resolution: the base image and its tiles, batch x (1 + tiles) x C x H x W
     "llava_next": "tiles",

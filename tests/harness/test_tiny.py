@@ -174,6 +174,7 @@ KINDS = {
     "InklingAudioModel": "audio",  # a code of every codebook per frame
     "SeamlessM4TTextToUnitForConditionalGeneration": "text",  # the text model's states, its decoder's unit tokens
     "MoshiForConditionalGeneration": "text+audio",  # its own and the user's audio codes beside the text
+    "DiffusionGemmaEncoderModel": "text+image",  # raw patches and their grid positions under its own name
     "Qwen3OmniMoeTalkerModel": "other",  # the thinker's states: it has no embedding table
 }
 
