@@ -170,13 +170,15 @@ TINY_OVERRIDES: dict[str, dict] = {
     # its stages keep the resolution (no patch merging), which the rule for halving stages takes for six halvings
     # (256 pixels): two stages, two windows of 8 a side
     "swin2sr": {"image_size": 16, "depths": [1, 1], "num_heads": [4, 4]},
-    # prompt and input merge before the first output it keeps (the shrink puts outputs at layers 0 to 3)
+    # prompt and input merge before the first output it keeps (the shrink puts outputs at layers 0 to 3); its canvas
+    # holds the example image above the image: twice as high as wide
     "seggpt": {"merge_index": 0, "image_size": [64, 32]},
     # the full T5Gemma 2 config hands its dropout rate down to the encoder's text config; alone, nothing does
     "t5gemma2_encoder": {"text_config.dropout_rate": 0.0},
     # its atom encoders' 3-d rotary needs 3 × spatial + uid frequency pairs within half a (now 8-wide) head
     # and its single-residue inputs are the atom encoding beside two residue-type one-hots and a flag
-    "esmfold2": {"single_inputs_size": 32 + 2 * 33 + 1, "atom_encoder.num_spatial_rope_pairs_per_axis": 1, "atom_encoder.num_uid_rope_pairs": 1,
+    "esmfold2": {"single_inputs_size": 32 + 2 * 33 + 1,
+                 "atom_encoder.num_spatial_rope_pairs_per_axis": 1, "atom_encoder.num_uid_rope_pairs": 1,
                  "structure_head.diffusion_module.atom_encoder.num_spatial_rope_pairs_per_axis": 1,
                  "structure_head.diffusion_module.atom_encoder.num_uid_rope_pairs": 1},
     "mobilevit": {"image_size": 64},
