@@ -786,8 +786,6 @@ def _patch_length_regulator_gathered(original):
     phoneme whose cumulative duration first exceeds f, and frames past the row's total stay zero."""
 
     def length_regulator(encoded_embeddings, duration_labels, speaking_speed=1.0):
-        import torch
-
         if speaking_speed <= 0:
             raise ValueError("`speaking_speed` must be greater than 0.")
         if speaking_speed != 1.0:
@@ -818,8 +816,6 @@ def _patch_relative_positions_within_table(original):
     has (5,000 frames) and asserts the frames fit."""
 
     def extend_pos_enc(self, x, pos_enc=None):
-        import torch
-
         if pos_enc is None:
             return original(self, x, pos_enc)
         torch._check(pos_enc.size(1) >= x.size(1) * 2 - 1,

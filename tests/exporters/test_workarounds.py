@@ -154,12 +154,12 @@ def test_python_numbers_among_the_outputs_stay_out_of_the_onnx_graph():
             return {"logits": embeddings * 2, "generation_steps": embeddings.shape[1] - 2}
 
     inputs = {"embeddings": torch.randn(2, 5)}
-    exported = exporters.OnnxExporter().export(StepPredictor(), inputs)
+    exported = _export_module(StepPredictor(), inputs, "onnx")
     assert "_patch_constant_outputs_left_out" in exported.applied
     assert exported(**inputs).keys() == exporters.named_leaves(StepPredictor()(**inputs)).keys() == {"logits"}
     assert torch.equal(exported(**inputs)["logits"], inputs["embeddings"] * 2)
     with disabled_workarounds("_patch_constant_outputs_left_out"), pytest.raises(exporters.ExportError, match="name"):
-        exporters.OnnxExporter().export(StepPredictor(), inputs)
+        _export_module(StepPredictor(), inputs, "onnx")
 
 
 class _ClippedProjections(torch.nn.Module):
@@ -177,12 +177,12 @@ class _ClippedProjections(torch.nn.Module):
 
 def test_the_onnx_optimizer_names_the_bounds_it_fuses_apart():
     model, inputs = _ClippedProjections().eval(), {"hidden_states": 3 * torch.randn(2, 4)}
-    exported = exporters.OnnxExporter().export(model, inputs)
+    exported = _export_module(model, inputs, "onnx")
     assert "_patch_fused_bounds_named_by_their_node" in exported.applied
     for got, want in zip(exported(**inputs).values(), model(**inputs), strict=True):
         torch.testing.assert_close(got, want)
     with disabled_workarounds("_patch_fused_bounds_named_by_their_node"):
-        unpatched = exporters.OnnxExporter().export(model, inputs)
+        unpatched = _export_module(model, inputs, "onnx")
         with pytest.raises(Exception, match="is not a graph input"):
             unpatched(**inputs)
 
@@ -201,11 +201,11 @@ class _FeatureMapSizes(torch.nn.Module):
 
 def test_a_static_export_keeps_the_values_of_small_tensors_the_forward_builds(monkeypatch):
     model, inputs = _FeatureMapSizes(), {"features": torch.randn(2, 8, 4, 5), "queries": torch.randn(2, 1, 3, 8)}
-    exported = exporters.DynamoExporter().export(model, inputs, exporters.DynamoConfig())
+    exported = _export_module(model, inputs, "dynamo")
     assert torch.equal(exported(**inputs)["output"], model(**inputs))
     monkeypatch.setattr("exporters.exporter_dynamo._SIZE_NUMEL_LIMIT", 1)  # torch's own: values of one element
     with pytest.raises(exporters.ExportError, match="data-dependent"):
-        exporters.DynamoExporter().export(model, inputs, exporters.DynamoConfig())
+        _export_module(model, inputs, "dynamo")
 
 
 def test_mixture_of_experts_runs_batched_matmuls_for_export(tiny):
