@@ -383,6 +383,20 @@ def _aten_searchsorted(sorted_sequence, self, out_int32=False, right=False, side
     return op.Cast(count, to=6) if out_int32 else count  # 6: INT32
 
 
+@register_onnx_translation(torch.ops.aten.randperm.default)
+def _aten_randperm(n, dtype=None, layout=None, device=None, pin_memory=None):
+    """ONNX has no random permutation (PatchTST's forecast masking shuffles its batch rows by one): the order that
+    sorts n uniform draws is one, as likely as any other."""
+    from onnxscript import opset18 as op
+
+    if dtype not in (None, torch.int64):
+        raise NotImplementedError(f"randperm into {dtype}")
+    count = op.Reshape(n, [1])
+    draws = op.RandomUniformLike(op.ConstantOfShape(count), dtype=1)  # 1: FLOAT
+    _, order = op.TopK(draws, count)
+    return order
+
+
 @register_onnx_translation(torch.ops.aten.sym_numel.default)
 def _aten_sym_numel(self):
     """The element count of a tensor whose shape the trace does not know (a vision tower's packed image sequence

@@ -292,6 +292,10 @@ TINY_OVERRIDES: dict[str, dict] = {
                                 **{f"<|visual token {index:06d}|>": 102 + index for index in range(16)}}},
     # its speech decoder prenet drops out in eval mode too (by design, for variety): no randomness in a parity test
     "speecht5": {"speech_decoder_prenet_dropout": 0.0},
+    # pre-training masks random patches, in eval mode too; forecast masking hides the last patches of every series
+    # (it shuffles the rows, which all get the same mask)
+    "patchtst": {"mask_type": "forecast", "num_forecast_mask_patches": 2},
+    "patchtsmixer": {"mask_type": "forecast", "num_forecast_mask_patches": 2},
     # its text model builds a sliding-window mask whatever its layer types say: the window must be set
     "step3p7": {"text_config.sliding_window": 64},
     "step3p5": {"sliding_window": 64},

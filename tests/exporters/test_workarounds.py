@@ -728,6 +728,13 @@ class _RowsOfSamples(torch.nn.Module):
         return torch.searchsorted(sample_lengths.cumsum(0), row_starts, right=True)
 
 
+class _ShuffledRows(torch.nn.Module):
+    """PatchTST's forecast masking shuffles its batch rows; sorted, a permutation is every row once."""
+
+    def forward(self, rows):
+        return torch.randperm(rows.shape[0]).sort().values
+
+
 class _EvalModeDropout(torch.nn.Module):
     """SpeechT5's decoder prenet draws its dropout mask in eval mode too, here with a probability of 0."""
 
@@ -760,6 +767,7 @@ MODULE_CASES = [  # (backend, module, inputs, workaround, error without it)
     ("onnx", _RowsOfSamples,
      {"sample_lengths": torch.tensor([3, 1, 4]), "row_starts": torch.tensor([0.0, 3, 3.5, 4, 7])},
      "_aten_searchsorted", "No ONNX function found for .*searchsorted"),
+    ("onnx", _ShuffledRows, {"rows": torch.randn(5, 3)}, "_aten_randperm", "No ONNX function found for .*randperm"),
     ("executorch", _EvalModeDropout, {"embeddings": torch.randn(2, 3, 4)},
      "_fix_certain_bernoulli", "bernoulli.p is not in Core ATen"),
     ("executorch", _PickedColumns, {"x": torch.randn(2, 5, 8), "keep": torch.tensor([True, False, True, True, False])},

@@ -176,6 +176,8 @@ KINDS = {
     "MoshiForConditionalGeneration": "text+audio",  # its own and the user's audio codes beside the text
     "DiffusionGemmaEncoderModel": "text+image",  # raw patches and their grid positions under its own name
     "Qwen3OmniMoeTalkerModel": "other",  # the thinker's states: it has no embedding table
+    "PatchTSTForPretraining": "time-series",  # forecast masking: the same on every call
+    "PatchTSMixerForPretraining": "time-series",
 }
 
 
