@@ -292,6 +292,8 @@ TINY_OVERRIDES: dict[str, dict] = {
                                 **{f"<|visual token {index:06d}|>": 102 + index for index in range(16)}}},
     # its speech decoder prenet drops out in eval mode too (by design, for variety): no randomness in a parity test
     "speecht5": {"speech_decoder_prenet_dropout": 0.0},
+    # its decoder lays the codes on a num_patches-square grid: the encoder's grid of the tiny image (2 x 2)
+    "janus_vqgan": {"num_patches": 2},
     # pre-training masks random patches, in eval mode too; forecast masking hides the last patches of every series
     # (it shuffles the rows, which all get the same mask)
     "patchtst": {"mask_type": "forecast", "num_forecast_mask_patches": 2},

@@ -178,6 +178,7 @@ KINDS = {
     "Qwen3OmniMoeTalkerModel": "other",  # the thinker's states: it has no embedding table
     "PatchTSTForPretraining": "time-series",  # forecast masking: the same on every call
     "PatchTSMixerForPretraining": "time-series",
+    "JanusVQVAE": "image",  # codes on the encoder's grid of the tiny image
 }
 
 
