@@ -48,9 +48,13 @@ class ModelClass:
 
     def load(self):
         """The class object (imports its modeling module)."""
+        import importlib
+
         import transformers
 
-        return getattr(transformers, self.name)
+        if hasattr(transformers, self.name):
+            return getattr(transformers, self.name)
+        return getattr(importlib.import_module(f"transformers.{self.module}"), self.name)  # mapped, not exported
 
     def config_class(self):
         """The config class the auto mappings pair with this class (the class' own ``config_class`` may differ:
@@ -111,7 +115,7 @@ def all_model_classes() -> dict[str, ModelClass]:
                     entry["tasks"].append(task)
     classes = {}
     for name, entry in seen.items():
-        module = class_modules.get(name, "")
+        module = class_modules.get(name) or _unexported_module(name, [config_folder.get(t, "") for t in entry["types"]])
         folder = _model_folder(module)
         # A class listed under several model types belongs to the one whose config lives in its own folder.
         types = sorted(
@@ -124,6 +128,19 @@ def all_model_classes() -> dict[str, ModelClass]:
     for name, (model_type, module, config) in _extra_classes(frozenset(classes)).items():
         classes[name] = ModelClass(name, model_type, (EXTRA_TASK,), module, config)
     return classes
+
+
+def _unexported_module(name: str, folders: list[str]) -> str:
+    """The modeling module of a mapped class that transformers does not export (Voxtral Realtime's text model): the
+    one of its model types' folders whose source defines it, or ``""``."""
+    import importlib.util
+
+    for folder in filter(None, folders):
+        module = f"models.{folder}.modeling_{folder}"
+        spec = importlib.util.find_spec(f"transformers.{module}")
+        if spec and spec.origin and f"class {name}(" in Path(spec.origin).read_text():
+            return module
+    return ""
 
 
 def _cache_dir() -> Path:

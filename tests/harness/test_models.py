@@ -48,6 +48,16 @@ def test_every_class_has_a_model_type_a_config_class_and_tasks():
     assert all_model_classes()["Gemma3ForConditionalGeneration"].model_type == "gemma3"
 
 
+def test_a_mapped_class_transformers_does_not_export_loads_from_its_modeling_module():
+    import transformers
+
+    assert all(model.module for model in all_model_classes().values())
+    voxtral_text = all_model_classes()["VoxtralRealtimeTextModel"]
+    assert not hasattr(transformers, voxtral_text.name)
+    assert voxtral_text.module == "models.voxtral_realtime.modeling_voxtral_realtime"
+    assert voxtral_text.load().__name__ == voxtral_text.name
+
+
 def test_filters_by_pattern_type_task_and_limit():
     names = [m.name for m in select("Llama*")]
     assert "LlamaForCausalLM" in names and all(n.startswith("Llama") for n in names)
