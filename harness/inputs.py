@@ -478,6 +478,13 @@ def _hidden_states(context: Context) -> torch.Tensor:
     return context.randn(context.batch, context.length, width)
 
 
+def _query_embeds(context: Context) -> torch.Tensor:
+    """A Q-Former alone: its learned queries, and the image features they read through cross-attention."""
+    context.inputs_so_far["encoder_hidden_states"] = context.randn(context.batch, 4, context.get("encoder_hidden_size", 32))
+    context.label_hint = "image"
+    return context.randn(context.batch, context.length, context.get("hidden_size", 32))
+
+
 def _feature_mask(context: Context) -> torch.Tensor | None:
     """All frames of the audio features are real: ones over their frame axis."""
     features = context.inputs_so_far.get("input_features")
@@ -702,6 +709,7 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     "thinker_reply_part": lambda c: c.randn(c.batch, c.length, c.get("embedding_size", 32)),
     "input_text_ids": lambda context: context.inputs_so_far.get("input_ids"),
     "inputs_embeds": lambda context: context.randn(context.batch, context.length, context.get("hidden_size", 32)),
+    "query_embeds": _query_embeds,
     "spectrogram": _spectrogram,
     # BigVGAN (the Qwen2.5-Omni vocoder): mel bins first
     "mel_spectrogram": lambda context: context.randn(context.batch, context.get("mel_dim", 80), 4 * context.length),

@@ -179,6 +179,7 @@ KINDS = {
     "PatchTSTForPretraining": "time-series",  # forecast masking: the same on every call
     "PatchTSMixerForPretraining": "time-series",
     "JanusVQVAE": "image",  # codes on the encoder's grid of the tiny image
+    "Blip2QFormerModel": "image",  # its queries, and the image features they read
 }
 
 
