@@ -834,6 +834,11 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
             continue
         if modality == "audio" and inputs["input_ids"].dim() > 2:  # audio codes per position already (CSM)
             continue
+        queries = getattr(model.config, "num_query_tokens", None)
+        if not _features_owner(model, modality) and modality == "image" and queries and feature_input in inputs:
+            # BLIP-2's retrieval head: its processor puts a placeholder per query before the text, which it cuts off
+            _prepend_placeholders(context, inputs, placeholder, queries)
+            continue
         if not _features_owner(model, modality):
             if modality == "audio" and feature_input in parameters:  # Qwen2-Audio: its tower counts the tokens
                 inputs[feature_input] = _RULES[feature_input](context)

@@ -180,6 +180,7 @@ KINDS = {
     "PatchTSMixerForPretraining": "time-series",
     "JanusVQVAE": "image",  # codes on the encoder's grid of the tiny image
     "Blip2QFormerModel": "image",  # its queries, and the image features they read
+    "Blip2ForImageTextRetrieval": "text+image",  # a placeholder per query before the text
 }
 
 
