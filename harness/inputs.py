@@ -679,8 +679,18 @@ _ENTITIES = {  # LUKE: entities next to the words
     "entity_end_positions": lambda c: torch.arange(ENTITIES).expand(c.batch, -1) + 1,
 }
 
+CLASSES_PER_SAMPLE = 2
+_CLASS_PROMPTS = {  # OmDet-Turbo: the class names each image is searched for, all samples' in one batch, and a task
+    "classes_input_ids": lambda c: c.tokens(batch=c.batch * CLASSES_PER_SAMPLE),
+    "classes_attention_mask": lambda c: torch.ones(c.batch * CLASSES_PER_SAMPLE, c.length, dtype=torch.long),
+    "classes_structure": lambda c: torch.full((c.batch,), CLASSES_PER_SAMPLE),
+    "tasks_input_ids": lambda c: c.tokens(),
+    "tasks_attention_mask": lambda c: torch.ones(c.batch, c.length, dtype=torch.long),
+}
+
 _RULES: dict[str, Callable[[Context], Any]] = {
     **_TRAJECTORY,
+    **_CLASS_PROMPTS,
     **_FLOW_POLICY,
     **_DECISIONS,
     **_ENTITIES,

@@ -292,6 +292,11 @@ TINY_OVERRIDES: dict[str, dict] = {
                                 **{f"<|visual token {index:06d}|>": 102 + index for index in range(16)}}},
     # its speech decoder prenet drops out in eval mode too (by design, for variety): no randomness in a parity test
     "speecht5": {"speech_decoder_prenet_dropout": 0.0},
+    # its layer norms read a timm backbone's channels-last maps; the ResNet that stands in for timm here gives the
+    # channels-first maps its encoder reads. Its decoder projects the task's text states only when they are narrower
+    # than itself (it has no projection otherwise, which it calls anyway): a text model half its width
+    "omdet-turbo": {"apply_layernorm_after_vision_backbone": False, "text_config.hidden_size": 16,
+                    "class_embed_dim": 16, "text_projection_in_dim": 16, "text_projection_out_dim": 16},
     # its decoder lays the codes on a num_patches-square grid: the encoder's grid of the tiny image (2 x 2)
     "janus_vqgan": {"num_patches": 2},
     # pre-training masks random patches, in eval mode too; forecast masking hides the last patches of every series

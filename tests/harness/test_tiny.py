@@ -181,6 +181,7 @@ KINDS = {
     "JanusVQVAE": "image",  # codes on the encoder's grid of the tiny image
     "Blip2QFormerModel": "image",  # its queries, and the image features they read
     "Blip2ForImageTextRetrieval": "text+image",  # a placeholder per query before the text
+    "OmDetTurboForObjectDetection": "image",  # class names and a task prompt; channels-first backbone maps
 }
 
 
