@@ -779,6 +779,23 @@ def _patch_categorical_unvalidated(original):
     return __init__
 
 
+_OMDET = "transformers.models.omdet_turbo.modeling_omdet_turbo"
+
+
+@register_patch("dynamo", f"{_OMDET}.OmDetTurboLRUCache.has", f"{_OMDET}.OmDetTurboLRUCache.put",
+                f"{_OMDET}.OmDetTurboForObjectDetection._get_cache_key_at_index")
+def _patch_prompt_cache_bypassed(original):
+    """OmDet-Turbo caches the text features of every prompt it has seen, keyed by the prompt's token ids read as
+    Python numbers: a key export cannot read, and a hit would bake eager's features into the program. A traced
+    forward encodes every prompt, and keeps nothing."""
+    replacements = {
+        "has": lambda self, key: False,
+        "put": lambda self, key, value: None,
+        "_get_cache_key_at_index": lambda input_ids, attention_mask, index: index,  # read by nobody now
+    }
+    return replacements[original.__name__]
+
+
 @register_patch("dynamo", "transformers.models.fastspeech2_conformer.modeling_fastspeech2_conformer.length_regulator")
 def _patch_length_regulator_gathered(original):
     """FastSpeech 2 repeats each phoneme's features for its predicted duration in a loop over the batch, after an
@@ -999,7 +1016,10 @@ def _flatten_to_context(value: Any, path: str, leaves: list) -> Any:
         items = [_flatten_to_context(item, f"{join}{i}", leaves) for i, item in enumerate(value)]
         return items if type(value) is list else {_TAG: "tuple", "items": items}
     if isinstance(value, dict):
-        pairs = [[key, _flatten_to_context(item, f"{join}{key}", leaves)] for key, item in value.items()]
+        pairs = [  # keys as skeletons too: JSON would turn a tuple key into an unhashable list
+            [_flatten_to_context(key, path, leaves), _flatten_to_context(item, f"{join}{key}", leaves)]
+            for key, item in value.items()
+        ]
         return {_TAG: "dict", "class": _qualified_name(type(value)), "pairs": pairs}
     if hasattr(value, "__dict__") and not callable(value):
         state = {key: _flatten_to_context(item, f"{join}{key}", leaves) for key, item in vars(value).items()}
@@ -1025,7 +1045,8 @@ def _unflatten_from_context(skeleton: Any, leaves: list) -> Any:
         return tuple(_unflatten_from_context(item, leaves) for item in skeleton["items"])
     if kind == "dict":
         cls = _import_qualified(skeleton["class"])
-        return cls((key, _unflatten_from_context(item, leaves)) for key, item in skeleton["pairs"])
+        pairs = skeleton["pairs"]
+        return cls((_unflatten_from_context(key, leaves), _unflatten_from_context(item, leaves)) for key, item in pairs)
     if kind == "object":
         cls = _import_qualified(skeleton["class"])
         value = cls.__new__(cls)

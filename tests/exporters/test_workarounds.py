@@ -412,6 +412,8 @@ CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaroun
     ("InformerModel", "dynamo", "_patch_no_padding_means_no_mask", "Attention mask should be of size"),
     # a padding bucket picked by .item(); its bucket cache, hashed by seeded rotations, is an output
     ("ReformerModelWithLMHead", "dynamo", "_patch_reformer_padding_bucket_as_tensors", "data-dependent"),
+    # prompt features cached by their token ids, read as numbers
+    ("OmDetTurboForObjectDetection", "dynamo", "_patch_prompt_cache_bypassed", "data-dependent"),
 ]
 
 
@@ -424,6 +426,17 @@ def test_a_model_class_exports_with_its_workaround_and_fails_without(name, backe
     assert_parity(exported(**context.inputs["A"]), context.expected["A"], TOLERANCE[backend])
     with disabled_workarounds(workaround), pytest.raises(exporters.ExportError, match=error):
         _export(context, backend)
+
+
+def test_omdet_turbo_program_encodes_the_prompts_it_is_given_not_those_eager_cached():
+    context = _built_by_the_sweep("OmDetTurboForObjectDetection")  # its eager calls filled the prompt cache
+    exported = _export(context, "dynamo")
+    other_classes = dict(context.inputs["A"], classes_input_ids=context.inputs["A"]["classes_input_ids"].flip(0))
+    with torch.no_grad():
+        expected = context.model(**other_classes)
+    got = exported(**other_classes)["decoder_class_logits"]
+    assert not torch.allclose(got, context.expected["A"]["decoder_class_logits"]), "other classes, other scores"
+    torch.testing.assert_close(got, expected.decoder_class_logits, atol=1e-4, rtol=1e-4)
 
 
 def _global_tokens_in_one_sample(inputs):
