@@ -688,8 +688,19 @@ _CLASS_PROMPTS = {  # OmDet-Turbo: the class names each image is searched for, a
     "tasks_attention_mask": lambda c: torch.ones(c.batch, c.length, dtype=torch.long),
 }
 
+def _documents(context: Context) -> int:
+    return context.get("n_docs", 1)
+
+
+_RETRIEVED = {  # RAG without its retriever (an index it would download): the passages it would have retrieved
+    "context_input_ids": lambda c: c.tokens(batch=c.batch * _documents(c)),
+    "context_attention_mask": lambda c: torch.ones(c.batch * _documents(c), c.length, dtype=torch.long),
+    "doc_scores": lambda c: c.randn(c.batch, _documents(c)),
+}
+
 _RULES: dict[str, Callable[[Context], Any]] = {
     **_TRAJECTORY,
+    **_RETRIEVED,
     **_CLASS_PROMPTS,
     **_FLOW_POLICY,
     **_DECISIONS,
@@ -782,7 +793,7 @@ _ALWAYS = ("attention_mask", "token_type_ids", "decoder_input_ids", "pixel_value
            "grid_thw", "input_features", "decoder_input_values", "thinker_reply_part", "input_text_ids",
            "flattened_patches", "image_embeds_position_mask", "image_grid_hw", "high_res_pixel_values", "sample",
            "return_loss", "question_positions", "timestep", "region_to_phrase_position", "moshi_audio_codes",
-           "user_audio_codes", *_TRAJECTORY, *_ENTITIES)
+           "user_audio_codes", *_TRAJECTORY, *_ENTITIES, *_RETRIEVED)
 
 
 def _parameters(model) -> dict[str, inspect.Parameter]:

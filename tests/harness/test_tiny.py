@@ -182,6 +182,7 @@ KINDS = {
     "Blip2QFormerModel": "image",  # its queries, and the image features they read
     "Blip2ForImageTextRetrieval": "text+image",  # a placeholder per query before the text
     "OmDetTurboForObjectDetection": "image",  # class names and a task prompt; channels-first backbone maps
+    "RagTokenForGeneration": "text",  # the passages its retriever would have found, and their scores
 }
 
 
