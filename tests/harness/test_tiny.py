@@ -183,6 +183,7 @@ KINDS = {
     "Blip2ForImageTextRetrieval": "text+image",  # a placeholder per query before the text
     "OmDetTurboForObjectDetection": "image",  # class names and a task prompt; channels-first backbone maps
     "RagTokenForGeneration": "text",  # the passages its retriever would have found, and their scores
+    "SLANetSLAHead": "image",  # the backbone's map flattened to a sequence of features
 }
 
 
