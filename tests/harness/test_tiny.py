@@ -184,6 +184,7 @@ KINDS = {
     "OmDetTurboForObjectDetection": "image",  # class names and a task prompt; channels-first backbone maps
     "RagTokenForGeneration": "text",  # the passages its retriever would have found, and their scores
     "SLANetSLAHead": "image",  # the backbone's map flattened to a sequence of features
+    "SLANetForTableRecognition": "image",  # an init scale at which the image survives its backbone
 }
 
 
