@@ -185,6 +185,7 @@ KINDS = {
     "RagTokenForGeneration": "text",  # the passages its retriever would have found, and their scores
     "SLANetSLAHead": "image",  # the backbone's map flattened to a sequence of features
     "SLANetForTableRecognition": "image",  # an init scale at which the image survives its backbone
+    "PPOCRV6TinyRecForTextRecognition": "image",  # and its backbone's own
 }
 
 
