@@ -20,6 +20,9 @@ from .tables import TOLERANCE_OVERRIDES
 
 # Export with input set A; a dynamic export must also run input set B (another batch and length).
 RUN_INPUT_SET = {"static": "A", "dynamic": "B"}
+# Two eager calls may differ by rounding and still be one function: ViLT draws the order of its image patches at
+# random, and its pooled outputs differ only in the order of their sums. Far below every parity tolerance.
+REPEAT_TOLERANCE = 1e-6
 
 
 @dataclass
@@ -139,7 +142,9 @@ class ClassContext:
         if not self.expected["A"]:
             raise StageFailure("fail", "the model returned no tensor outputs", "NoOutputs")
         repeat = self._forward(self.inputs["A"], seed=self.seed + 1)
-        unstable = [name for name, value in self.expected["A"].items() if not _same(value, repeat.get(name))]
+        unstable = [
+            name for name, value in self.expected["A"].items() if not _same(value, repeat.get(name), REPEAT_TOLERANCE)
+        ]
         if unstable:
             raise StageFailure(
                 "fail", f"eager outputs change between two calls with the same inputs (random sampling in forward): "
@@ -201,13 +206,14 @@ def _wake_zero_weights(model) -> None:
                 buffer.normal_(0.0, 0.02)  # small beside the frames: the nearest code follows their direction
 
 
-def _same(a, b) -> bool:
+def _same(a, b, tolerance: float = 0.0) -> bool:
     import torch
 
     if a is None or b is None or a.shape != b.shape:
         return False
     if a.is_floating_point() or a.is_complex():
-        return bool(torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)))
+        a, b = torch.nan_to_num(a), torch.nan_to_num(b)
+        return bool(torch.allclose(a, b, atol=tolerance, rtol=tolerance) if tolerance else torch.equal(a, b))
     return bool(torch.equal(a, b))
 
 

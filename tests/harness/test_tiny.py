@@ -198,6 +198,15 @@ def test_tiny_model_builds_and_runs_eager_with_its_modality(name):
     assert sum(p.numel() for p in context.model.parameters()) < 5_000_000, "tiny"
 
 
+def test_outputs_that_change_between_two_eager_calls_fail_and_those_that_agree_to_rounding_pass():
+    """ViLT draws the order of its image patches at random: its patch states move, its pooled answer does not."""
+    shuffled = ClassContext(select("ViltModel")[0]).prepare()
+    assert not shuffled.ok
+    assert shuffled.stages[-1].message.startswith("eager outputs change between two calls")
+    assert shuffled.stages[-1].message.endswith(": last_hidden_state"), "the pooled output agrees"
+    assert ClassContext(select("ViltForQuestionAnswering")[0]).prepare().ok
+
+
 def test_a_deep_convolutional_head_keeps_its_signal_where_an_export_rounds_within_tolerance():
     """ZoeDepth at init scale 0.2 reached activations in the thousands, and an export summing in another order
     missed eager by 8e-4; at its default scale the image fades out before the depth."""
