@@ -279,7 +279,10 @@ def _audio_features(context: Context, config, bins: int | None) -> torch.Tensor:
         context.frame_axis = 1
         stacked = getattr(config, "subsampling_factor", None)  # stacked by the model itself (Nemotron 3 audio)
         width = bins if bins and stacked and reader.in_features == stacked * bins else reader.in_features
-        return context.randn(context.batch, 64, width)
+        # a codec that reads the samples beside their features (X-Codec 2, whose extractor needs torchaudio): a
+        # frame per hop of the samples, as its two encoders' frames must meet
+        hop = getattr(context.config, "hop_length", None) if "input_values" in context.parameters else None
+        return context.randn(context.batch, AUDIO_SAMPLES[context.label] // hop if hop else 64, width)
     positions = getattr(config, "max_source_positions", None)
     return context.randn(context.batch, bins or 80, 2 * positions if positions else 64)
 

@@ -193,6 +193,8 @@ TINY_OVERRIDES: dict[str, dict] = {
     "qwen2_5_omni_bigvgan": {"upsample_initial_channel": 128},
     # its codes are as wide as its two encoders side by side, which the config derives when left unset
     "xcodec": {"codebook_dim": None},
+    # its quantizer reads the codec's and the semantic encoder's widths together (1024 + 1024 in checkpoints)
+    "xcodec2": {"quantization_dim": 64},
     # the retrieval and text-projection heads read text through the Q-Former, as their checkpoints set (the other
     # classes never feed it text)
     "blip-2": {"qformer_config.use_qformer_text_input": True},
