@@ -779,6 +779,16 @@ def _patch_categorical_unvalidated(original):
     return __init__
 
 
+_RIGID = "transformers.models.esm.openfold_utils.rigid_utils"
+
+
+@register_patch("dynamo", f"{_RIGID}.identity_rot_mats", f"{_RIGID}.identity_trans", f"{_RIGID}.identity_quats")
+def _patch_identity_frames_uncached(original):
+    """ESMFold's structure module starts from identity frames made by functions cached on their shape: a symbolic
+    shape cannot be a cache key, and a tensor cached by one trace would come back in the next. Made afresh."""
+    return original.__wrapped__
+
+
 _OMDET = "transformers.models.omdet_turbo.modeling_omdet_turbo"
 
 

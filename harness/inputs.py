@@ -349,6 +349,9 @@ def _input_ids(context: Context) -> torch.Tensor:
     if isinstance(codebooks, int) and hasattr(context.config, "codebook_pad_token_id"):
         # CSM's backbone: a frame of every codebook per position, (batch, length, codebooks)
         return torch.stack([context.tokens() for _ in range(codebooks)], dim=-1)
+    residues = getattr(context.model, "af2_to_esm", None)  # ESMFold reads residue types, which it maps to ESM's ids
+    if isinstance(residues, torch.Tensor):
+        return torch.randint(0, residues.numel() - 2, (context.batch, context.length), generator=context.generator)
     own_codes = {"decoder_input_ids", "moshi_audio_codes"} & set(context.parameters)  # codes come by another name
     if isinstance(codebooks, int) and codebooks > 1 and not own_codes:
         # audio-code decoders (MusicGen) take one row per codebook: (batch * codebooks, length)

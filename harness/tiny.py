@@ -487,14 +487,17 @@ def tiny_config(model_class):
         overrides.setdefault("is_decoder", True)
     if "is_encoder_decoder" in fields and model_class.name.endswith("EncoderModel"):
         overrides.setdefault("is_encoder_decoder", False)
-    return config_class(**shrink(_defaults(config_class, overrides), overrides))
+    # ESMFold: the language model and its folding trunk, whose sub-configs exist only then and must be shrunk too
+    folding = {"is_folding_model": True} if model_class.name.endswith("ForProteinFolding") else {}
+    return config_class(**shrink(_defaults(config_class, overrides, folding), {**folding, **overrides}))
 
 
-def _defaults(config_class, overrides: dict):
-    """The config class' defaults. A default that fails its own validation (Gemma 4 assistant's text config) is
-    built again seeded with the overrides that reach one level into its sub-configs."""
+def _defaults(config_class, overrides: dict, built_in: dict):
+    """The config class' defaults (with ``built_in`` fields that add sub-configs). A default that fails its own
+    validation (Gemma 4 assistant's text config) is built again seeded with the overrides that reach one level into
+    its sub-configs."""
     try:
-        return config_class()
+        return config_class(**built_in)
     except Exception:
         seeded: dict[str, dict] = {}
         for dotted, value in overrides.items():

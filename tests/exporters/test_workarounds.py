@@ -439,6 +439,15 @@ def test_omdet_turbo_program_encodes_the_prompts_it_is_given_not_those_eager_cac
     torch.testing.assert_close(got, expected.decoder_class_logits, atol=1e-4, rtol=1e-4)
 
 
+def test_esmfold_traces_with_a_symbolic_batch_once_its_identity_frames_are_made_afresh():
+    context = _built_by_the_sweep("EsmForProteinFolding")
+    exported = _export(context, "dynamo", dynamic=True)
+    assert "_patch_identity_frames_uncached" in exported.applied
+    assert_parity(exported(**context.inputs["A"]), context.expected["A"], TOLERANCE["dynamo"])
+    with disabled_workarounds("_patch_identity_frames_uncached"), pytest.raises(exporters.ExportError, match="unhashable"):
+        _export(context, "dynamo", dynamic=True)
+
+
 def _global_tokens_in_one_sample(inputs):
     inputs["global_attention_mask"][:] = 0
     inputs["global_attention_mask"][1, :3] = 1

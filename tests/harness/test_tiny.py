@@ -186,6 +186,7 @@ KINDS = {
     "SLANetSLAHead": "image",  # the backbone's map flattened to a sequence of features
     "SLANetForTableRecognition": "image",  # an init scale at which the image survives its backbone
     "PPOCRV6TinyRecForTextRecognition": "image",  # and its backbone's own
+    "EsmForProteinFolding": "text",  # residue types, and a folding trunk shrunk with the rest
 }
 
 
