@@ -687,6 +687,17 @@ _ENTITIES = {  # LUKE: entities next to the words
     "entity_end_positions": lambda c: torch.arange(ENTITIES).expand(c.batch, -1) + 1,
 }
 
+def _drafted_block(context: Context) -> torch.Tensor:
+    """A block drafter (Muse Glimmer's assistant): the block to denoise, after the target model's states of the
+    text so far (its chosen layers side by side), which its attention mask spans too."""
+    width = context.get("hidden_size", 32)
+    layers = len(context.get("target_layer_ids", [0]))
+    context.inputs_so_far["context_hidden_states"] = context.randn(context.batch, context.length, width * layers)
+    block = context.get("block_size", 4)
+    context.inputs_so_far["attention_mask"] = torch.ones(context.batch, context.length + block, dtype=torch.long)
+    return context.randn(context.batch, block, width)
+
+
 CLASSES_PER_SAMPLE = 2
 _CLASS_PROMPTS = {  # OmDet-Turbo: the class names each image is searched for, all samples' in one batch, and a task
     "classes_input_ids": lambda c: c.tokens(batch=c.batch * CLASSES_PER_SAMPLE),
@@ -739,6 +750,7 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     "input_text_ids": lambda context: context.inputs_so_far.get("input_ids"),
     "inputs_embeds": lambda context: context.randn(context.batch, context.length, context.get("hidden_size", 32)),
     "query_embeds": _query_embeds,
+    "noise_embeds": _drafted_block,
     "spectrogram": _spectrogram,
     # BigVGAN (the Qwen2.5-Omni vocoder): mel bins first
     "mel_spectrogram": lambda context: context.randn(context.batch, context.get("mel_dim", 80), 4 * context.length),

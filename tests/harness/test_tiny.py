@@ -187,6 +187,7 @@ KINDS = {
     "SLANetForTableRecognition": "image",  # an init scale at which the image survives its backbone
     "PPOCRV6TinyRecForTextRecognition": "image",  # and its backbone's own
     "EsmForProteinFolding": "text",  # residue types, and a folding trunk shrunk with the rest
+    "MuseGlimmerAssistantModel": "other",  # a block to draft after the target model's states, one mask over both
 }
 
 
