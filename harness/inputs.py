@@ -312,11 +312,24 @@ def _feature_extractor(model_type: str, bins: int | None):
     return None
 
 
+def _without_prenet(context: Context, half: str) -> bool:
+    """SpeechT5's bare model: its encoder or decoder reads states of its width, no prenet turns sound into them."""
+    return type(getattr(context.model, half, None)).__name__.endswith("WithoutPrenet")
+
+
 def _input_values(context: Context) -> torch.Tensor:
     config = context.config
     if getattr(config, "num_mel_bins", None) and getattr(config, "max_length", None):  # a spectrogram (AST)
         return context.randn(context.batch, config.max_length, config.num_mel_bins)
+    if _without_prenet(context, "encoder"):
+        context.label_hint = "audio"
+        return context.randn(context.batch, context.length, context.get("hidden_size", 32))
     return _raw_audio(context)
+
+
+def _decoder_input_values(context: Context) -> torch.Tensor:
+    width = context.get("hidden_size", 32) if _without_prenet(context, "decoder") else context.get("num_mel_bins", 80)
+    return context.randn(context.batch, 4, width)
 
 
 def _noise(context: Context) -> torch.Tensor:
@@ -764,7 +777,7 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     "chunk_sample_lengths": _chunk_sample_lengths,
     "padding_mask": _padding_mask,
     "feature_attention_mask": lambda context: _feature_mask(context),
-    "decoder_input_values": lambda context: context.randn(context.batch, 4, context.get("num_mel_bins", 80)),
+    "decoder_input_values": _decoder_input_values,
     "global_attention_mask": _global_attention_mask,
     "noise": _noise,
     # OneFormer's task prompt ("the task is semantic"), tokenised to its fixed length

@@ -188,6 +188,7 @@ KINDS = {
     "PPOCRV6TinyRecForTextRecognition": "image",  # and its backbone's own
     "EsmForProteinFolding": "text",  # residue types, and a folding trunk shrunk with the rest
     "MuseGlimmerAssistantModel": "other",  # a block to draft after the target model's states, one mask over both
+    "SpeechT5Model": "audio",  # no prenets: the encoder and decoder read states of their width
 }
 
 
