@@ -501,7 +501,8 @@ def _hidden_states(context: Context) -> torch.Tensor:
 
 def _query_embeds(context: Context) -> torch.Tensor:
     """A Q-Former alone: its learned queries, and the image features they read through cross-attention."""
-    context.inputs_so_far["encoder_hidden_states"] = context.randn(context.batch, 4, context.get("encoder_hidden_size", 32))
+    width = context.get("encoder_hidden_size", 32)
+    context.inputs_so_far["encoder_hidden_states"] = context.randn(context.batch, 4, width)
     context.label_hint = "image"
     return context.randn(context.batch, context.length, context.get("hidden_size", 32))
 
@@ -700,6 +701,7 @@ _ENTITIES = {  # LUKE: entities next to the words
     "entity_end_positions": lambda c: torch.arange(ENTITIES).expand(c.batch, -1) + 1,
 }
 
+
 def _drafted_block(context: Context) -> torch.Tensor:
     """A block drafter (Muse Glimmer's assistant): the block to denoise, after the target model's states of the
     text so far (its chosen layers side by side), which its attention mask spans too."""
@@ -719,6 +721,7 @@ _CLASS_PROMPTS = {  # OmDet-Turbo: the class names each image is searched for, a
     "tasks_input_ids": lambda c: c.tokens(),
     "tasks_attention_mask": lambda c: torch.ones(c.batch, c.length, dtype=torch.long),
 }
+
 
 def _documents(context: Context) -> int:
     return context.get("n_docs", 1)
