@@ -487,8 +487,8 @@ def _hidden_states(context: Context) -> torch.Tensor:
         channels, height, width = _image_shape(context)
         if isinstance(reader, torch.nn.Conv2d) and reader.in_channels != channels:  # a head on a backbone's map
             return context.randn(context.batch, reader.in_channels, height, width)
-        if isinstance(reader, torch.nn.Linear):  # a head on the backbone's flattened map (SLANet's table decoder)
-            return context.randn(context.batch, height * width // 16, reader.in_features)
+        if isinstance(reader, torch.nn.Linear):  # a head on a backbone's flattened map (SLANet's table decoder)
+            return context.randn(context.batch, (height // 4) * (width // 4), reader.in_features)  # at stride 4
         return _pixel_values(context)
     if isinstance(reader, torch.nn.Conv1d):  # a codec's halves alone: the encoder's mono samples, the decoder's frames
         context.label_hint = "audio"

@@ -506,7 +506,7 @@ def _defaults(config_class, overrides: dict, built_in: dict):
                 seeded.setdefault(parent, {})[leaf] = value
         if not seeded:
             raise
-        return config_class(**seeded)
+        return config_class(**built_in, **seeded)
 
 
 def special_token_ids(config) -> set[int]:
