@@ -723,14 +723,10 @@ _CLASS_PROMPTS = {  # OmDet-Turbo: the class names each image is searched for, a
 }
 
 
-def _documents(context: Context) -> int:
-    return context.get("n_docs", 1)
-
-
 _RETRIEVED = {  # RAG without its retriever (an index it would download): the passages it would have retrieved
-    "context_input_ids": lambda c: c.tokens(batch=c.batch * _documents(c)),
-    "context_attention_mask": lambda c: torch.ones(c.batch * _documents(c), c.length, dtype=torch.long),
-    "doc_scores": lambda c: c.randn(c.batch, _documents(c)),
+    "context_input_ids": lambda c: c.tokens(batch=c.batch * c.get("n_docs", 1)),
+    "context_attention_mask": lambda c: torch.ones(c.batch * c.get("n_docs", 1), c.length, dtype=torch.long),
+    "doc_scores": lambda c: c.randn(c.batch, c.get("n_docs", 1)),
 }
 
 _RULES: dict[str, Callable[[Context], Any]] = {
@@ -891,12 +887,13 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
             continue
         if modality == "audio" and inputs["input_ids"].dim() > 2:  # audio codes per position already (CSM)
             continue
+        has_features = _features_owner(model, modality) is not None
         queries = getattr(model.config, "num_query_tokens", None)
-        if not _features_owner(model, modality) and modality == "image" and queries and feature_input in inputs:
+        if not has_features and modality == "image" and queries and feature_input in inputs:
             # BLIP-2's retrieval head: its processor puts a placeholder per query before the text, which it cuts off
             _prepend_placeholders(context, inputs, placeholder, queries)
             continue
-        if not _features_owner(model, modality):
+        if not has_features:
             if modality == "audio" and feature_input in parameters:  # Qwen2-Audio: its tower counts the tokens
                 inputs[feature_input] = _RULES[feature_input](context)
                 for name in _FEATURE_MASKS:

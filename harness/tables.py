@@ -193,8 +193,8 @@ TINY_OVERRIDES: dict[str, dict] = {
     "qwen2_5_omni_bigvgan": {"upsample_initial_channel": 128},
     # its codes are as wide as its two encoders side by side, which the config derives when left unset
     "xcodec": {"codebook_dim": None},
-    # ESMFold's trunk (its config exists only for the folding class) at widths its heads divide: 14 M weights
-    # in the structure module alone otherwise
+    # ESMFold's trunk (its config exists only for the folding class) at widths its heads divide: 32 M weights
+    # otherwise, 0.3 M with these
     "esm": {"esmfold_config.trunk.sequence_state_dim": 64, "esmfold_config.trunk.pairwise_state_dim": 32,
             "esmfold_config.trunk.max_recycles": 1, "esmfold_config.lddt_head_hid_dim": 32,
             "esmfold_config.trunk.structure_module.sequence_dim": 32,
