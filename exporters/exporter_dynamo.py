@@ -8,7 +8,8 @@
 3. pytree registration: every ``Cache`` (and model-local ``*Cache``) type flattens to its tensors and rebuilds;
 4. dynamic shapes: ``Dim.AUTO`` on every axis of every input tensor and cache leaf, or ``config.dynamic_shapes``;
 5. state cleanup: tensor attributes a model caches in ``forward`` (``_STATEFUL_CACHE_ATTRS``) are emptied for the
-   trace and restored after it, so neither stale eager state nor fake tensors cross the trace.
+   trace and restored after it, so neither stale eager state nor fake tensors cross the trace; buffers read as
+   Python numbers (``_BUFFERS_READ_AS_NUMBERS``) are those numbers for the trace.
 
 Then ``torch.export.export`` traces the model.
 """
@@ -1139,6 +1140,9 @@ _STATEFUL_CACHE_ATTRS = (
     "cached_rotary_positional_embedding",  # Wav2Vec2-BERT, SeamlessM4T conformer rotary tables
     "cached_sequence_length",
 )
+# Buffers forward compares with numbers in Python `if`s: under export their values are unknown (`Eq(u0, 1)`), so for
+# the trace they are the numbers they hold, as lists that index like the buffer.
+_BUFFERS_READ_AS_NUMBERS = ("attn_mask_probs",)  # EoMT's mask annealing: which blocks mask attention, and how often
 
 
 @contextmanager
@@ -1149,10 +1153,22 @@ def cleared_model_state(model: torch.nn.Module):
         for name in _STATEFUL_CACHE_ATTRS
         if hasattr(module, name)
     ]
+    read_as_numbers = [
+        (module, dict(module._buffers)) for module in model.modules() if set(module._buffers) & set(_BUFFERS_READ_AS_NUMBERS)
+    ]
     for module, name, _value in saved:
         setattr(module, name, None)
+    for module, buffers in read_as_numbers:
+        for name in set(buffers) & set(_BUFFERS_READ_AS_NUMBERS):
+            del module._buffers[name]
+            module.__dict__[name] = buffers[name].tolist()
     try:
         yield
     finally:
         for module, name, value in saved:
             setattr(module, name, value)
+        for module, buffers in read_as_numbers:
+            for name in set(buffers) & set(_BUFFERS_READ_AS_NUMBERS):
+                del module.__dict__[name]
+            module._buffers.clear()
+            module._buffers.update(buffers)  # in their order: the state dict's keys keep theirs

@@ -449,6 +449,21 @@ def test_esmfold_traces_with_a_symbolic_batch_once_its_identity_frames_are_made_
             _export(context, "dynamo", dynamic=True)
 
 
+def test_eomt_mask_annealing_is_read_as_the_numbers_its_buffer_holds(monkeypatch):
+    context = _built_by_the_sweep("EomtForUniversalSegmentation")
+    model, inputs = context.model, context.inputs["A"]
+    state_keys = list(model.state_dict())
+    model.attn_mask_probs[0] = 0.0  # the first masked block annealed away: its queries see the whole image
+    expected = context._forward(inputs)
+    assert not torch.allclose(expected["class_queries_logits"], context.expected["A"]["class_queries_logits"])
+    exported = _export_module(model, inputs, "dynamo")
+    assert_parity(exported(**inputs), expected, TOLERANCE["dynamo"])
+    assert list(model.state_dict()) == state_keys and "attn_mask_probs" in model._buffers
+    monkeypatch.setattr("exporters.exporter_dynamo._BUFFERS_READ_AS_NUMBERS", ())
+    with pytest.raises(exporters.ExportError, match="data-dependent"):
+        _export_module(model, inputs, "dynamo")
+
+
 def _global_tokens_in_one_sample(inputs):
     inputs["global_attention_mask"][:] = 0
     inputs["global_attention_mask"][1, :3] = 1
