@@ -910,6 +910,47 @@ def _patch_llama4_vision_rotate_pairs(original):
     return vision_apply_rotary_emb
 
 
+@register_patch("dynamo", "transformers.models.vilt.modeling_vilt.ViltEmbeddings.visual_embed")
+def _patch_vilt_patches_in_place(original):
+    """ViLT gathers each image's patches in an order drawn at random (`multinomial`), pads short images with
+    patches drawn from their padding, and resizes its position table to each image's extent read from the pixel
+    mask: shapes from data, and random. Attention masks the padding and every patch carries its own position, so
+    keeping all patches in place, the padding masked, gives eager's text and pooled states. Where the config keeps
+    fewer patches than an image has, eager's subset is random: left to eager's code."""
+
+    def visual_embed(self, pixel_values, pixel_mask, max_image_length=200):
+        patches = self.patch_embeddings(pixel_values)
+        batch_size, channels, height, width = patches.shape
+        if isinstance(max_image_length, int) and 0 <= max_image_length < height * width:
+            return original(self, pixel_values, pixel_mask, max_image_length)
+        mask = torch.nn.functional.interpolate(pixel_mask[:, None].float(), size=(height, width)).long()[:, 0]
+        rows, columns = mask.sum(dim=1)[:, 0], mask.sum(dim=2)[:, 0]
+        side = self.config.image_size // self.config.patch_size
+        table = self.position_embeddings[:, 1:].transpose(1, 2).reshape(1, channels, side, side)
+
+        def grid_axis(count, length):  # `interpolate(align_corners=True)` to `count` places, in [-1, 1]
+            places = torch.arange(length, device=patches.device)
+            return places[None] * (2 / (count - 1).clamp(min=1))[:, None] - 1, places[None] < count[:, None]
+
+        y, y_inside = grid_axis(rows, height)
+        x, x_inside = grid_axis(columns, width)
+        grid = torch.stack(torch.broadcast_tensors(x[:, None, :], y[:, :, None]), dim=-1)
+        positions = torch.nn.functional.grid_sample(
+            table.expand(batch_size, -1, -1, -1), grid.to(table.dtype), mode="bilinear", align_corners=True
+        )
+        positions = positions * (y_inside[:, :, None] & x_inside[:, None, :])[:, None]  # zero past each image
+        patch_index = torch.stack(
+            torch.meshgrid(torch.arange(height), torch.arange(width), indexing="ij"), dim=-1
+        ).to(mask.device)
+        embeddings = torch.cat((self.cls_token.expand(batch_size, -1, -1), patches.flatten(2).transpose(1, 2)), 1)
+        first = self.position_embeddings[:, :1].expand(batch_size, -1, -1)
+        embeddings = embeddings + torch.cat((first, positions.flatten(2).transpose(1, 2)), dim=1)
+        mask = torch.cat((mask.new_ones(batch_size, 1), mask.flatten(1)), dim=1)
+        return self.dropout(embeddings), mask, (patch_index.view(1, -1, 2).expand(batch_size, -1, -1), (height, width))
+
+    return visual_embed
+
+
 # Vision towers that pack several images into one sequence (Qwen-VL style, `cu_seqlens` marks where each image
 # starts) attend image by image: `torch.split(q, lengths.tolist())`, sizes read from tensor values, which torch.export
 # cannot trace. Their flash-attention branch hands `cu_seqlens` to the attention function instead, so for the trace

@@ -309,6 +309,9 @@ TINY_OVERRIDES: dict[str, dict] = {
                     "class_embed_dim": 16, "text_projection_in_dim": 16, "text_projection_out_dim": 16},
     # its decoder lays the codes on a num_patches-square grid: the encoder's grid of the tiny image (2 x 2)
     "janus_vqgan": {"num_patches": 2},
+    # the images-and-text head sizes its classifier by the images per sample (-1 until a checkpoint sets it; NLVR2
+    # pairs two): one, as the other heads are fed
+    "vilt": {"num_images": 1},
     # pre-training masks random patches, in eval mode too; forecast masking hides the last patches of every series
     # (it shuffles the rows, which all get the same mask)
     "patchtst": {"mask_type": "forecast", "num_forecast_mask_patches": 2},

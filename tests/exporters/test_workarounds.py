@@ -414,6 +414,8 @@ CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaroun
     ("ReformerModelWithLMHead", "dynamo", "_patch_reformer_padding_bucket_as_tensors", "data-dependent"),
     # prompt features cached by their token ids, read as numbers
     ("OmDetTurboForObjectDetection", "dynamo", "_patch_prompt_cache_bypassed", "data-dependent"),
+    # patches gathered in a random order, the padding drawn at random, positions resized to each image's extent
+    ("ViltForQuestionAnswering", "dynamo", "_patch_vilt_patches_in_place", "data-dependent"),
 ]
 
 
@@ -462,6 +464,27 @@ def test_eomt_mask_annealing_is_read_as_the_numbers_its_buffer_holds(monkeypatch
     monkeypatch.setattr("exporters.exporter_dynamo._BUFFERS_READ_AS_NUMBERS", ())
     with pytest.raises(exporters.ExportError, match="data-dependent"):
         _export_module(model, inputs, "dynamo")
+
+
+def test_vilt_patches_kept_in_place_answer_like_eager_for_images_of_other_extents():
+    from exporters.utils import apply_patches
+
+    context = _built_by_the_sweep("ViltForQuestionAnswering")
+    torch.nn.init.normal_(context.model.vilt.embeddings.position_embeddings)  # positions that move the pooled state
+    inputs = dict(context.inputs["A"])
+    batch, _channels, height, width = inputs["pixel_values"].shape
+    whole = torch.ones(batch, height, width, dtype=torch.long)
+    inputs["pixel_mask"] = whole.clone()
+    inputs["pixel_mask"][1, height // 2:] = 0  # the second image: 2 x 3 of the 4 x 4 patches, its table resized to it
+    inputs["pixel_mask"][1, :, width * 3 // 4:] = 0
+    fired = set()
+    with torch.no_grad():
+        eager = context.model.vilt(**inputs).pooler_output  # its patch states come in a random order
+        assert not torch.allclose(eager, context.model.vilt(**dict(inputs, pixel_mask=whole)).pooler_output, atol=1e-4)
+        with apply_patches("dynamo", fired):
+            in_place = context.model.vilt(**inputs).pooler_output
+    assert "_patch_vilt_patches_in_place" in fired
+    torch.testing.assert_close(in_place, eager, atol=1e-6, rtol=1e-5)
 
 
 def _global_tokens_in_one_sample(inputs):

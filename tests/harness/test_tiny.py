@@ -189,6 +189,7 @@ KINDS = {
     "EsmForProteinFolding": "text",  # residue types, and a folding trunk shrunk with the rest
     "MuseGlimmerAssistantModel": "other",  # a block to draft after the target model's states, one mask over both
     "SpeechT5Model": "audio",  # no prenets: the encoder and decoder read states of their width
+    "ViltForImagesAndTextClassification": "text+image",  # a classifier sized for one image per sample
 }
 
 
