@@ -768,8 +768,8 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     "mel_spectrogram": lambda context: context.randn(context.batch, context.get("mel_dim", 80), 4 * context.length),
     "audio_mel": lambda context: context.randn(context.batch, 64, context.get("input_feat_size", 128)),
     "audio_mel_mask": lambda context: torch.zeros(*context.inputs_so_far["audio_mel"].shape[:2], dtype=torch.bool),
-    # speech encoder-decoders' encoder input; Perceiver names its main input so too, but reads token ids there
-    "inputs": lambda context: _raw_audio(context) if _inputs_are_audio(context.parameters) else None,
+    # speech encoder-decoders' encoder input; Perceiver names its main input so too
+    "inputs": lambda context: _raw_audio(context) if _inputs_are_audio(context.model) else _perceiver_inputs(context),
     "pixel_values_videos": _video,
     "speaker_embeddings": lambda context: context.randn(context.batch, context.get("speaker_embedding_dim", 512)),
     "input_features_mask": lambda context: _feature_mask(context),
@@ -922,7 +922,8 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
         if "lang_ids" in inputs:  # X-MOD's choice head repeats one language id over every sequence
             inputs["lang_ids"] = inputs["lang_ids"][:1]
     _vision_precomputed(model, inputs)
-    modalities = [MODALITY_INPUTS[name] for name in inputs if name in MODALITY_INPUTS]
+    modalities = [MODALITY_INPUTS[name] for name in inputs
+                  if name in MODALITY_INPUTS and (name != "inputs" or _inputs_are_audio(model))]
     if context.label_hint == "video":
         modalities = ["video" if m == "image" else m for m in modalities]
     elif context.label_hint and not modalities:  # an image fed under a generic name (hidden_states)
@@ -1039,10 +1040,21 @@ def _image_grid(inputs: dict):
     return next((value for name, value in inputs.items() if name.endswith("grid_thw")), None)
 
 
-def _inputs_are_audio(parameters) -> bool:
-    # Perceiver's generic `inputs` carries whatever its preprocessor takes; beside `input_ids` or `pixel_values`
-    # those are fed instead
-    return not {"input_ids", "pixel_values"} & set(parameters)
+def _inputs_are_audio(model) -> bool:
+    return model.config.model_type != "perceiver"  # its generic `inputs` carry whatever its preprocessor reads
+
+
+def _perceiver_inputs(context: Context) -> torch.Tensor | None:
+    """What a Perceiver's preprocessor reads; beside `input_ids` or `pixel_values` those are fed instead."""
+    if {"input_ids", "pixel_values"} & set(context.parameters):
+        return None
+    preprocessor = getattr(context.model, "perceiver", context.model).input_preprocessor
+    if preprocessor is None:  # the bare model: states of its width
+        return context.randn(context.batch, context.length, context.config.d_model)
+    if getattr(preprocessor, "prep_type", None) == "patches" and preprocessor.temporal_downsample == 2:
+        context.label_hint = "image"  # optical flow: two frames, each pixel with its 3 x 3 neighbourhood's channels
+        return context.randn(context.batch, 2, 27, *context.config.train_size)
+    return None  # multimodal autoencoding: a dict of modalities, decoded by the chunk its card loops over
 
 
 def unfed_modalities(model, inputs: dict) -> list[str]:
@@ -1064,7 +1076,7 @@ def unfed_modalities(model, inputs: dict) -> list[str]:
                      or "input_ids" in inputs and inputs["input_ids"].dim() > 2)
         if modality == "audio" and name == "input_values" and ("input_features" in inputs or codes_fed):
             continue
-        if name == "inputs" and not _inputs_are_audio(parameters):
+        if name == "inputs" and not _inputs_are_audio(model):
             continue
         missing.append(name)
     fed = any(name in MODALITY_INPUTS for name in inputs)

@@ -190,6 +190,8 @@ KINDS = {
     "MuseGlimmerAssistantModel": "other",  # a block to draft after the target model's states, one mask over both
     "SpeechT5Model": "audio",  # no prenets: the encoder and decoder read states of their width
     "ViltForImagesAndTextClassification": "text+image",  # a classifier sized for one image per sample
+    "PerceiverModel": "other",  # no preprocessor: states of its width under its generic `inputs`
+    "PerceiverForOpticalFlow": "image",  # two frames of 3 x 3 patches, at a tiny train_size
 }
 
 
