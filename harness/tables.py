@@ -311,6 +311,10 @@ TINY_OVERRIDES: dict[str, dict] = {
                     "class_embed_dim": 16, "text_projection_in_dim": 16, "text_projection_out_dim": 16},
     # its decoder lays the codes on a num_patches-square grid: the encoder's grid of the tiny image (2 x 2)
     "janus_vqgan": {"num_patches": 2},
+    # the head fuses every bridge stage's map, as checkpoints list them (the default keeps the last stage only), and
+    # reflect-pads it by 2: the image must leave more than 2 x 2 of it
+    "uvdoc": {"backbone_config.out_features": [f"stage{index}" for index in range(1, 7)],
+              "backbone_config.out_indices": list(range(1, 7)), "image_size": 48},
     # the images-and-text head sizes its classifier by the images per sample (-1 until a checkpoint sets it; NLVR2
     # pairs two): one, as the other heads are fed
     "vilt": {"num_images": 1},
