@@ -80,6 +80,12 @@ _QWEN4_INDEXER = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim
 
 # model type -> {config attribute (dotted into sub-configs): value}, applied after the generic shrink; a row
 # applies to its model type's config wherever it sits (a text config inside a multimodal one).
+_UVDOC_BACKBONE = {  # (in, out, dilation, downsample) per ResNet layer; (channels, dilation) per bridge block
+    "resnet_head": [[3, 8], [8, 8]],
+    "resnet_configs": [[[8, 8, 1, False]], [[8, 16, 1, True]], [[16, 16, 1, True], [16, 16, 3, False]]],
+    "stage_configs": [[[16, 1]], [[16, 2]], [[16, 5]], [[16, 8], [16, 3]], [[16, 12], [16, 7]], [[16, 18], [16, 6]]],
+}
+
 TINY_OVERRIDES: dict[str, dict] = {
     # its default layout has no attention layer at all, which its own masks then ask for
     "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"]},
@@ -311,10 +317,14 @@ TINY_OVERRIDES: dict[str, dict] = {
                     "class_embed_dim": 16, "text_projection_in_dim": 16, "text_projection_out_dim": 16},
     # its decoder lays the codes on a num_patches-square grid: the encoder's grid of the tiny image (2 x 2)
     "janus_vqgan": {"num_patches": 2},
-    # the head fuses every bridge stage's map, as checkpoints list them (the default keeps the last stage only), and
-    # reflect-pads it by 2: the image must leave more than 2 x 2 of it
-    "uvdoc": {"backbone_config.out_features": [f"stage{index}" for index in range(1, 7)],
-              "backbone_config.out_indices": list(range(1, 7)), "image_size": 48},
+    # channels are spelled out per layer (128 wide: 8 M weights); the head fuses every bridge stage's map, as
+    # checkpoints list them (the default keeps the last stage only), and reflect-pads it by 2: the image must leave
+    # more than 2 x 2 of it
+    "uvdoc_backbone": _UVDOC_BACKBONE,
+    "uvdoc": {**{f"backbone_config.{key}": value for key, value in _UVDOC_BACKBONE.items()},
+              "backbone_config.out_features": [f"stage{index}" for index in range(1, 7)],
+              "backbone_config.out_indices": list(range(1, 7)), "image_size": 48,
+              "bridge_connector": [16, 16], "out_point_positions2D": [[16, 8], [8, 2]]},
     # the images-and-text head sizes its classifier by the images per sample (-1 until a checkpoint sets it; NLVR2
     # pairs two): one, as the other heads are fed
     "vilt": {"num_images": 1},
