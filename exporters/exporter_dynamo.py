@@ -951,6 +951,51 @@ def _patch_vilt_patches_in_place(original):
     return visual_embed
 
 
+@register_patch("dynamo", "transformers.models.qwen4_exp.modeling_qwen4_exp.Qwen4ExpTextQSAIndexer.forward")
+def _patch_qwen4_indexer_by_masks(original):
+    """Qwen4-Exp's sparse-attention indexer loops over every row and query, lists the keys a query sees with
+    `nonzero`, pools them into blocks of `compress_ratio` in that order, and keeps the best-scoring blocks and the
+    incomplete tail: sizes read from data. The same selection over every key at once: a key's rank among the
+    visible ones names its block, blocks a query cannot fill score -inf, and the best are scattered back. Between
+    blocks that tie (a query whose scores are all zero, as a padding token's) topk picks by its own order, in eager
+    as here, and that order depends on the vector's length."""
+    rotate = importlib.import_module(original.__module__).apply_rotary_pos_emb
+
+    def forward(self, hidden_states, position_embeddings, attention_mask, past_key_values):
+        batch_size, seq_length, _ = hidden_states.shape
+        full_cos, full_sin = position_embeddings
+        queries, keys = torch.split(
+            self.index_qk_proj(hidden_states),
+            [self.index_n_heads * self.index_head_dim, self.index_kv_heads * self.index_head_dim], dim=-1,
+        )
+        queries = self.q_layernorm(queries.reshape(batch_size, seq_length, -1, self.index_head_dim))
+        queries = rotate(queries, cos=full_cos[:, -seq_length:], sin=full_sin[:, -seq_length:], unsqueeze_dim=2)
+        keys = keys.reshape(batch_size, seq_length, -1, self.index_head_dim).squeeze(2)
+        if past_key_values is not None:
+            keys = past_key_values.update_indexer(keys, self.layer_idx)
+
+        visible = (attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0)[:, 0]
+        ratio, most = self.compress_ratio, max(visible.shape[-1] // self.compress_ratio, 1)
+        rank = visible.long().cumsum(-1) - 1  # among the keys the query sees, in order
+        filled = visible.sum(-1, keepdim=True) // ratio  # complete blocks per query
+        pooled = visible & (rank < filled * ratio)
+        block = torch.where(pooled, rank // ratio, most)
+        member = torch.nn.functional.one_hot(block, most + 1)[..., :most].float()  # (batch, query, key, block)
+        block_keys = self.k_layernorm((torch.einsum("bqkm,bkd->bqmd", member, keys.float()) / ratio).to(keys.dtype))
+        first = member * (rank % ratio == 0)[..., None]  # each block rotated by its first key's position
+        cos, sin = (torch.einsum("bqkm,bkd->bqmd", first, table.float()).to(table.dtype) for table in (full_cos, full_sin))
+        block_keys = rotate(block_keys.unsqueeze(3), cos=cos, sin=sin, unsqueeze_dim=3).squeeze(3)
+        scores = torch.einsum("bqhd,bqmd->bqmh", queries.float(), block_keys.float()).relu().sum(-1)
+        scores = scores / math.sqrt(self.index_head_dim)
+        fillable = torch.arange(most, device=scores.device) < filled
+        best = scores.masked_fill(~fillable, float("-inf")).topk(min(self.block_topk, most), dim=-1).indices
+        chosen = torch.zeros_like(fillable).scatter(-1, best, fillable.gather(-1, best))
+        kept = chosen.gather(-1, block.clamp(max=most - 1)) & pooled
+        return (kept | (visible & ~pooled)).unsqueeze(1)
+
+    return forward
+
+
 # Vision towers that pack several images into one sequence (Qwen-VL style, `cu_seqlens` marks where each image
 # starts) attend image by image: `torch.split(q, lengths.tolist())`, sizes read from tensor values, which torch.export
 # cannot trace. Their flash-attention branch hands `cu_seqlens` to the attention function instead, so for the trace

@@ -416,6 +416,8 @@ CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaroun
     ("OmDetTurboForObjectDetection", "dynamo", "_patch_prompt_cache_bypassed", "data-dependent"),
     # patches gathered in a random order, the padding drawn at random, positions resized to each image's extent
     ("ViltForQuestionAnswering", "dynamo", "_patch_vilt_patches_in_place", "data-dependent"),
+    # its sparse-attention indexer lists each query's keys with nonzero
+    ("Qwen4ExpTextModel", "dynamo", "_patch_qwen4_indexer_by_masks", "data-dependent"),
 ]
 
 
@@ -485,6 +487,29 @@ def test_vilt_patches_kept_in_place_answer_like_eager_for_images_of_other_extent
             in_place = context.model.vilt(**inputs).pooler_output
     assert "_patch_vilt_patches_in_place" in fired
     torch.testing.assert_close(in_place, eager, atol=1e-6, rtol=1e-5)
+
+
+def test_qwen4_indexer_by_masks_keeps_the_blocks_the_loop_keeps():
+    """40 keys make 10 blocks of which a query keeps 2: the ranking decides. Eight indexer heads and no padding
+    token ids, so that no query's scores tie."""
+    import copy
+
+    from exporters.utils import apply_patches
+
+    config = copy.deepcopy(_built_by_the_sweep("Qwen4ExpTextModel").model.config)
+    config.indexer_n_heads = 8
+    torch.manual_seed(0)
+    model = type(_built_by_the_sweep("Qwen4ExpTextModel").model)(config).eval()
+    input_ids = torch.randint(1, config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(0))
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[0, :5] = 0
+    fired = set()
+    with torch.no_grad():
+        loop = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        with apply_patches("dynamo", fired):
+            masks = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    assert "_patch_qwen4_indexer_by_masks" in fired
+    torch.testing.assert_close(masks, loop, atol=1e-5, rtol=1e-5)
 
 
 def _global_tokens_in_one_sample(inputs):
