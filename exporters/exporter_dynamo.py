@@ -996,6 +996,41 @@ def _patch_qwen4_indexer_by_masks(original):
     return forward
 
 
+@register_patch(
+    "dynamo",
+    "transformers.models.slanet.modeling_slanet.SLANetSLAHead.forward",
+    "transformers.models.slanext.modeling_slanext.SLANeXtSLAHead.forward",
+)
+def _patch_table_decode_cut_after(original):
+    """SLANet's table-structure head decodes greedily and stops once every row has emitted its end token: a
+    Python `break` on tensor values. Each step reads only earlier ones, so every step is decoded and the output
+    cut after the first at which every row has ended: a length read from data, bounded by the step count. The
+    per-step states (`hidden_states`) are not returned."""
+    from transformers.modeling_outputs import BaseModelOutput
+
+    def forward(self, hidden_states, targets=None, **kwargs):
+        config, batch = self.config, hidden_states.shape[0]
+        features = hidden_states.new_zeros(batch, config.hidden_size, dtype=torch.float32)
+        predicted = torch.zeros(batch, dtype=torch.long, device=hidden_states.device)
+        steps, predictions = config.max_text_length + 1, []
+        for _ in range(steps):
+            embedded = torch.nn.functional.one_hot(predicted, config.out_channels).float()
+            features, _ = self.structure_attention_cell(features, hidden_states.float(), embedded)
+            step = self.structure_generator(features)
+            predicted = step.argmax(dim=1)
+            predictions.append((step, predicted))
+        ends = torch.stack([ids for _, ids in predictions], dim=1).eq(config.out_channels - 1)
+        every_row = (ends.long().cumsum(dim=1) > 0).all(dim=0)  # every row has ended by this step
+        length = torch.where(every_row.any(), every_row.int().argmax() + 1, steps).item()
+        torch._check(length >= 1)
+        torch._check(length <= steps)
+        structure = torch.stack([step for step, _ in predictions], dim=1)[:, :length]
+        structure = torch.nn.functional.softmax(structure, dim=-1, dtype=torch.float32).to(hidden_states.dtype)
+        return BaseModelOutput(last_hidden_state=structure)
+
+    return forward
+
+
 # Vision towers that pack several images into one sequence (Qwen-VL style, `cu_seqlens` marks where each image
 # starts) attend image by image: `torch.split(q, lengths.tolist())`, sizes read from tensor values, which torch.export
 # cannot trace. Their flash-attention branch hands `cu_seqlens` to the attention function instead, so for the trace

@@ -364,7 +364,9 @@ TINY_OVERRIDES: dict[str, dict] = {
                           "backbone_config.initializer_range": 0.2},
     # at the default init scale its PP-LCNet backbone fades the image out (1e-36 after its last stage; 1e-9 at 0.2,
     # and 1e6 at 0.5)
-    "slanet": {"initializer_range": 0.2, "backbone_config.initializer_range": 0.35},
+    # (and its table head decodes up to max_text_length + 1 steps, 500: each a block of the traced graph)
+    "slanet": {"initializer_range": 0.2, "backbone_config.initializer_range": 0.35, "max_text_length": 8},
+    "slanext": {"max_text_length": 8},
     # the flow head is conditioned on the backbone's hidden states: same width (checked by the config)
     "gradium_phonon_tts": {"flow_head_config.condition_dim": 32},
     "pocket_tts": {"flow_head_config.condition_dim": 32},

@@ -418,6 +418,8 @@ CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaroun
     ("ViltForQuestionAnswering", "dynamo", "_patch_vilt_patches_in_place", "data-dependent"),
     # its sparse-attention indexer lists each query's keys with nonzero
     ("Qwen4ExpTextModel", "dynamo", "_patch_qwen4_indexer_by_masks", "data-dependent"),
+    # a greedy decode that breaks once every row has ended
+    ("SLANetSLAHead", "dynamo", "_patch_table_decode_cut_after", "data-dependent"),
 ]
 
 
@@ -510,6 +512,16 @@ def test_qwen4_indexer_by_masks_keeps_the_blocks_the_loop_keeps():
             masks = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     assert "_patch_qwen4_indexer_by_masks" in fired
     torch.testing.assert_close(masks, loop, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("end_bias, steps", [(0.0, 9), (100.0, 1)])  # no row ends; every row ends at once
+def test_table_decode_is_cut_where_eager_stops(end_bias, steps):
+    context = _built_by_the_sweep("SLANetSLAHead")
+    model, inputs = context.model, context.inputs["A"]
+    model.structure_generator.fc2.bias.data[-1] += end_bias  # the last class is the end token
+    expected = context._forward(inputs)
+    assert expected["last_hidden_state"].shape[1] == steps
+    assert_parity(_export_module(model, inputs, "dynamo")(**inputs), expected, TOLERANCE["dynamo"])
 
 
 def _global_tokens_in_one_sample(inputs):
