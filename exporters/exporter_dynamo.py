@@ -1031,6 +1031,30 @@ def _patch_table_decode_cut_after(original):
     return forward
 
 
+@register_patch(
+    "dynamo",
+    "transformers.models.qwen3_asr.modeling_qwen3_asr.get_audio_cu_seqlens",
+    "transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe.get_audio_cu_seqlens",
+)
+def _patch_audio_windows_padded(original):
+    """The Qwen audio towers cut each sample's frames into attention windows in a Python loop over lengths read
+    from the mask: as many boundaries as the data makes. A window as long as the longest chunk's frames times the
+    inference ratio, so a sample has at most one window per chunk of the batch: that many per sample, the ones past
+    its frames empty. Empty windows add repeated boundaries, which split no window."""
+    lengths_after_convolution = importlib.import_module(original.__module__)._get_feat_extract_output_lengths
+
+    def get_audio_cu_seqlens(chunk_lengths, feature_lens, n_window_infer, n_window, kwargs=None):
+        if kwargs is not None and (cu_seqlens := kwargs.pop("cu_seqlens", None)) is not None:
+            return cu_seqlens
+        lengths = lengths_after_convolution(feature_lens, n_window)
+        window = lengths_after_convolution(chunk_lengths, n_window).max() * (n_window_infer // (n_window * 2))
+        starts = torch.arange(chunk_lengths.shape[0], device=lengths.device) * window
+        sizes = (lengths[:, None] - starts[None]).clamp(min=0).minimum(window)
+        return torch.nn.functional.pad(sizes.flatten().cumsum(-1), (1, 0)).to(torch.int32)
+
+    return get_audio_cu_seqlens
+
+
 # Vision towers that pack several images into one sequence (Qwen-VL style, `cu_seqlens` marks where each image
 # starts) attend image by image: `torch.split(q, lengths.tolist())`, sizes read from tensor values, which torch.export
 # cannot trace. Their flash-attention branch hands `cu_seqlens` to the attention function instead, so for the trace

@@ -420,6 +420,8 @@ CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaroun
     ("Qwen4ExpTextModel", "dynamo", "_patch_qwen4_indexer_by_masks", "data-dependent"),
     # a greedy decode that breaks once every row has ended
     ("SLANetSLAHead", "dynamo", "_patch_table_decode_cut_after", "data-dependent"),
+    # its audio tower's attention windows, cut in a loop over lengths read from the mask
+    ("Qwen3ASRModel", "dynamo", "_patch_audio_windows_padded", "data-dependent"),
 ]
 
 
@@ -522,6 +524,27 @@ def test_table_decode_is_cut_where_eager_stops(end_bias, steps):
     expected = context._forward(inputs)
     assert expected["last_hidden_state"].shape[1] == steps
     assert_parity(_export_module(model, inputs, "dynamo")(**inputs), expected, TOLERANCE["dynamo"])
+
+
+@pytest.mark.parametrize("module", ["qwen3_asr", "qwen3_omni_moe"])
+def test_padded_audio_windows_split_the_frames_as_the_loop_does(module):
+    import importlib
+
+    from exporters.exporter_dynamo import _patch_audio_windows_padded
+
+    looped = importlib.import_module(f"transformers.models.{module}.modeling_{module}").get_audio_cu_seqlens
+    padded = _patch_audio_windows_padded(looped)
+    n_window, n_window_infer, chunk = 4, 32, 8  # windows of 4 chunks
+    for frames in ([64, 40, 9], [8, 8], [33, 64, 1, 17]):
+        chunks = -(-max(frames) // chunk)
+        mask = torch.tensor([[1] * length + [0] * (chunks * chunk - length) for length in frames])
+        chunk_lengths, feature_lens = mask.view(len(frames), chunks, chunk).sum(-1).flatten(), mask.sum(-1)
+        boundaries = [f(chunk_lengths, feature_lens, n_window_infer, n_window) for f in (looped, padded)]
+        assert boundaries[0][-1] == boundaries[1][-1]
+        positions = torch.arange(int(boundaries[0][-1]))
+        same_window = [(s := (positions[:, None] >= b[None, 1:]).sum(-1))[:, None] == s[None] for b in boundaries]
+        assert torch.equal(*same_window)
+        assert len(boundaries[1]) == len(frames) * len(chunk_lengths) + 1  # a count the frames do not decide
 
 
 def _global_tokens_in_one_sample(inputs):
