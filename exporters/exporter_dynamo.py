@@ -1055,6 +1055,35 @@ def _patch_audio_windows_padded(original):
     return get_audio_cu_seqlens
 
 
+_PHI4_AUDIO = "transformers.models.phi4_multimodal.modeling_phi4_multimodal"
+
+
+@register_patch("dynamo", f"{_PHI4_AUDIO}.adaptive_enc_mask", f"{_PHI4_AUDIO}.Phi4MultimodalAudioModel._streaming_mask")
+def _patch_streaming_mask_by_argmax(original):
+    """Phi-4's audio conformer finds each frame's chunk with `nonzero()` over a frame-by-chunk table in which every
+    row holds exactly one True: a count the trace cannot know. The first True of each row is the same chunk. The
+    chunk starts come from `np.arange` over the frame count, which a symbolic count cannot feed: `torch.arange`."""
+
+    def adaptive_enc_mask(x_len, chunk_start_idx, left_window=0, right_window=0):
+        starts = torch.as_tensor(chunk_start_idx).long()
+        start_pad = torch.nn.functional.pad(starts, (1, 0))
+        end_pad = torch.nn.functional.pad(starts, (0, 1), value=x_len)
+        frames = torch.arange(0, x_len)
+        chunk = ((frames[:, None] < end_pad) & (frames[:, None] >= start_pad)).int().argmax(dim=-1)
+        left = start_pad[(chunk - left_window).clamp(min=0)]
+        right = end_pad[(chunk + right_window).clamp(max=len(starts))]
+        return (frames[None] >= left[:, None]) & (frames[None] < right[:, None])
+
+    def _streaming_mask(self, seq_len, batch_size, chunk_size, left_chunk):
+        if self.training:  # chunks drawn at random
+            return original(self, seq_len, batch_size, chunk_size, left_chunk)
+        starts = torch.arange(0, seq_len, chunk_size) if chunk_size > 0 else torch.zeros(0)  # -1: one chunk
+        mask = adaptive_enc_mask(seq_len, starts, left_window=left_chunk)
+        return mask.unsqueeze(0).expand([batch_size, -1, -1])
+
+    return {"adaptive_enc_mask": adaptive_enc_mask, "_streaming_mask": _streaming_mask}[original.__name__]
+
+
 # Vision towers that pack several images into one sequence (Qwen-VL style, `cu_seqlens` marks where each image
 # starts) attend image by image: `torch.split(q, lengths.tolist())`, sizes read from tensor values, which torch.export
 # cannot trace. Their flash-attention branch hands `cu_seqlens` to the attention function instead, so for the trace

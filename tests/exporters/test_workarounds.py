@@ -422,6 +422,8 @@ CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaroun
     ("SLANetSLAHead", "dynamo", "_patch_table_decode_cut_after", "data-dependent"),
     # its audio tower's attention windows, cut in a loop over lengths read from the mask
     ("Qwen3ASRModel", "dynamo", "_patch_audio_windows_padded", "data-dependent"),
+    # its conformer's streaming mask finds each frame's chunk with nonzero
+    ("Phi4MultimodalAudioModel", "dynamo", "_patch_streaming_mask_by_argmax", "data-dependent"),
 ]
 
 
@@ -545,6 +547,25 @@ def test_padded_audio_windows_split_the_frames_as_the_loop_does(module):
         same_window = [(s := (positions[:, None] >= b[None, 1:]).sum(-1))[:, None] == s[None] for b in boundaries]
         assert torch.equal(*same_window)
         assert len(boundaries[1]) == len(frames) * len(chunk_lengths) + 1  # a count the frames do not decide
+
+
+def test_phi4_streaming_mask_by_argmax_matches_the_nonzero_one():
+    import numpy as np
+    from transformers.models.phi4_multimodal import modeling_phi4_multimodal as phi4
+
+    from exporters.exporter_dynamo import _patch_streaming_mask_by_argmax
+
+    by_argmax = _patch_streaming_mask_by_argmax(phi4.adaptive_enc_mask)
+    for frames, chunk, left, right in ((20, 6, 1, 0), (20, 6, 0, 1), (18, 4, 18, 0), (7, 7, 2, 2)):
+        starts = np.arange(0, frames, chunk)
+        assert torch.equal(by_argmax(frames, starts, left, right), phi4.adaptive_enc_mask(frames, starts, left, right))
+    streaming = _patch_streaming_mask_by_argmax(phi4.Phi4MultimodalAudioModel._streaming_mask)
+    model = _built_by_the_sweep("Phi4MultimodalAudioModel").model
+    for chunk in (-1, 4):  # -1: the whole sequence is one chunk
+        with pytest.MonkeyPatch.context() as patched:
+            patched.setattr(phi4, "adaptive_enc_mask", by_argmax)
+            got = streaming(model, 13, 2, chunk, 1)
+        assert torch.equal(got, phi4.Phi4MultimodalAudioModel._streaming_mask(model, 13, 2, chunk, 1))
 
 
 def _global_tokens_in_one_sample(inputs):
