@@ -983,7 +983,8 @@ def _patch_qwen4_indexer_by_masks(original):
         member = torch.nn.functional.one_hot(block, most + 1)[..., :most].float()  # (batch, query, key, block)
         block_keys = self.k_layernorm((torch.einsum("bqkm,bkd->bqmd", member, keys.float()) / ratio).to(keys.dtype))
         first = member * (rank % ratio == 0)[..., None]  # each block rotated by its first key's position
-        cos, sin = (torch.einsum("bqkm,bkd->bqmd", first, table.float()).to(table.dtype) for table in (full_cos, full_sin))
+        cos, sin = (torch.einsum("bqkm,bkd->bqmd", first, table.float()).to(table.dtype)
+                    for table in (full_cos, full_sin))
         block_keys = rotate(block_keys.unsqueeze(3), cos=cos, sin=sin, unsqueeze_dim=3).squeeze(3)
         scores = torch.einsum("bqhd,bqmd->bqmh", queries.float(), block_keys.float()).relu().sum(-1)
         scores = scores / math.sqrt(self.index_head_dim)
@@ -1327,22 +1328,20 @@ def cleared_model_state(model: torch.nn.Module):
         for name in _STATEFUL_CACHE_ATTRS
         if hasattr(module, name)
     ]
-    read_as_numbers = [
-        (module, dict(module._buffers)) for module in model.modules() if set(module._buffers) & set(_BUFFERS_READ_AS_NUMBERS)
-    ]
+    buffers = {module: dict(module._buffers) for module in model.modules()
+               if set(module._buffers) & set(_BUFFERS_READ_AS_NUMBERS)}
     for module, name, _value in saved:
         setattr(module, name, None)
-    for module, buffers in read_as_numbers:
-        for name in set(buffers) & set(_BUFFERS_READ_AS_NUMBERS):
-            del module._buffers[name]
-            module.__dict__[name] = buffers[name].tolist()
+    for module in buffers:
+        for name in set(module._buffers) & set(_BUFFERS_READ_AS_NUMBERS):
+            module.__dict__[name] = module._buffers.pop(name).tolist()  # found before `__getattr__` looks for buffers
     try:
         yield
     finally:
         for module, name, value in saved:
             setattr(module, name, value)
-        for module, buffers in read_as_numbers:
-            for name in set(buffers) & set(_BUFFERS_READ_AS_NUMBERS):
-                del module.__dict__[name]
+        for module, own in buffers.items():
+            for name in _BUFFERS_READ_AS_NUMBERS:
+                module.__dict__.pop(name, None)
             module._buffers.clear()
-            module._buffers.update(buffers)  # in their order: the state dict's keys keep theirs
+            module._buffers.update(own)  # in their order: the state dict's keys keep theirs

@@ -80,12 +80,6 @@ _QWEN4_INDEXER = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim
 
 # model type -> {config attribute (dotted into sub-configs): value}, applied after the generic shrink; a row
 # applies to its model type's config wherever it sits (a text config inside a multimodal one).
-_UVDOC_BACKBONE = {  # (in, out, dilation, downsample) per ResNet layer; (channels, dilation) per bridge block
-    "resnet_head": [[3, 8], [8, 8]],
-    "resnet_configs": [[[8, 8, 1, False]], [[8, 16, 1, True]], [[16, 16, 1, True], [16, 16, 3, False]]],
-    "stage_configs": [[[16, 1]], [[16, 2]], [[16, 5]], [[16, 8], [16, 3]], [[16, 12], [16, 7]], [[16, 18], [16, 6]]],
-}
-
 TINY_OVERRIDES: dict[str, dict] = {
     # its default layout has no attention layer at all, which its own masks then ask for
     "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"]},
@@ -125,8 +119,8 @@ TINY_OVERRIDES: dict[str, dict] = {
     # the mask head takes the hidden states and one attention map per head stacked, a multiple of 8 channels
     "detr": {"encoder_attention_heads": 8},
     # cross-attention keys are the pixels with hard-coded Fourier features (261 or 322 channels): one head divides;
-    # the latent array's names escape the generic shrink (256 latents x 1280 wide, 26 self-attention layers)
-    # optical flow decodes a flow vector per pixel of train_size (368 x 496)
+    # the latent array's names escape the generic shrink (256 latents x 1280 wide, 26 self-attention layers); optical
+    # flow decodes a flow vector per pixel of train_size (368 x 496)
     "perceiver": {"num_cross_attention_heads": 1, "num_latents": 16, "d_latents": 32, "num_self_attends_per_block": 2,
                   "train_size": [8, 8]},
     # text layers cross-attend to the image only at the listed indices (3, 8, …): one a two-layer model has; the
@@ -317,12 +311,17 @@ TINY_OVERRIDES: dict[str, dict] = {
                     "class_embed_dim": 16, "text_projection_in_dim": 16, "text_projection_out_dim": 16},
     # its decoder lays the codes on a num_patches-square grid: the encoder's grid of the tiny image (2 x 2)
     "janus_vqgan": {"num_patches": 2},
-    # channels are spelled out per layer (128 wide: 8 M weights); the head fuses every bridge stage's map, as
-    # checkpoints list them (the default keeps the last stage only), and reflect-pads it by 2: the image must leave
-    # more than 2 x 2 of it
-    "uvdoc_backbone": _UVDOC_BACKBONE,
-    "uvdoc": {**{f"backbone_config.{key}": value for key, value in _UVDOC_BACKBONE.items()},
-              "backbone_config.out_features": [f"stage{index}" for index in range(1, 7)],
+    # channels are spelled out per layer (128 wide: 8 M weights): (in, out, dilation, downsample) per ResNet layer,
+    # (channels, dilation) per bridge block
+    "uvdoc_backbone": {
+        "resnet_head": [[3, 8], [8, 8]],
+        "resnet_configs": [[[8, 8, 1, False]], [[8, 16, 1, True]], [[16, 16, 1, True], [16, 16, 3, False]]],
+        "stage_configs": [[[16, 1]], [[16, 2]], [[16, 5]], [[16, 8], [16, 3]], [[16, 12], [16, 7]],
+                          [[16, 18], [16, 6]]],
+    },
+    # the head fuses every bridge stage's map, as checkpoints list them (the default keeps the last stage only), and
+    # reflect-pads it by 2: the image must leave more than 2 x 2 of it
+    "uvdoc": {"backbone_config.out_features": [f"stage{index}" for index in range(1, 7)],
               "backbone_config.out_indices": list(range(1, 7)), "image_size": 48,
               "bridge_connector": [16, 16], "out_point_positions2D": [[16, 8], [8, 2]]},
     # the images-and-text head sizes its classifier by the images per sample (-1 until a checkpoint sets it; NLVR2
@@ -363,10 +362,9 @@ TINY_OVERRIDES: dict[str, dict] = {
     "pp_ocrv6_tiny_rec": {"image_size": [48, 64], "initializer_range": 0.2,  # its PP-LCNet v4 backbone too
                           "backbone_config.initializer_range": 0.2},
     # at the default init scale its PP-LCNet backbone fades the image out (1e-36 after its last stage; 1e-9 at 0.2,
-    # and 1e6 at 0.5)
-    # (and its table head decodes up to max_text_length + 1 steps, 500: each a block of the traced graph)
+    # and 1e6 at 0.5); its table head decodes up to max_text_length + 1 steps (501), each a block of the traced graph
     "slanet": {"initializer_range": 0.2, "backbone_config.initializer_range": 0.35, "max_text_length": 8},
-    "slanext": {"max_text_length": 8},
+    "slanext": {"max_text_length": 8},  # the same table head
     # the flow head is conditioned on the backbone's hidden states: same width (checked by the config)
     "gradium_phonon_tts": {"flow_head_config.condition_dim": 32},
     "pocket_tts": {"flow_head_config.condition_dim": 32},
