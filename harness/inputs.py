@@ -763,6 +763,7 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     "inputs_embeds": lambda context: context.randn(context.batch, context.length, context.get("hidden_size", 32)),
     "query_embeds": _query_embeds,
     "noise_embeds": _drafted_block,
+    "t_cond": lambda context: context.randn(1, 1, context.config.hidden_size),  # one delay: broadcast over the batch
     "spectrogram": _spectrogram,
     # BigVGAN (the Qwen2.5-Omni vocoder): mel bins first
     "mel_spectrogram": lambda context: context.randn(context.batch, context.get("mel_dim", 80), 4 * context.length),
@@ -826,6 +827,8 @@ _ALWAYS = ("attention_mask", "token_type_ids", "decoder_input_ids", "pixel_value
            "flattened_patches", "image_embeds_position_mask", "image_grid_hw", "high_res_pixel_values", "sample",
            "return_loss", "question_positions", "timestep", "region_to_phrase_position", "moshi_audio_codes",
            "user_audio_codes", *_TRAJECTORY, *_ENTITIES, *_RETRIEVED)
+# inputs a forward needs but takes only through `**kwargs`, which its signature cannot tell
+_THROUGH_KWARGS = {"VoxtralRealtimeTextModel": ("t_cond",)}  # the delay's time embedding its composite computes
 
 
 def _parameters(model) -> dict[str, inspect.Parameter]:
@@ -865,6 +868,7 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
         other_audio = alone in _AUDIO_INPUTS and name in _AUDIO_INPUTS  # samples or features, one of them
         if name not in wanted and not other_audio and (required or name in _ALWAYS or text_beside or frame_mask):
             wanted.append(name)
+    wanted += _THROUGH_KWARGS.get(type(model).__name__, ())
     for name in wanted:
         rule = _RULES.get(name)
         if rule is None:
