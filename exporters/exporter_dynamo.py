@@ -228,11 +228,12 @@ def _patch_experts_batched_mm(original):
     """Mixture-of-experts layers default to `grouped_mm`, which on CPU is a custom op (`transformers::
     grouped_mm_fallback`) that neither ONNX nor ExecuTorch can lower, fed by `torch.histc` counts ExecuTorch has
     no kernel for; the `eager` one some models ask for (OpenAI Privacy Filter) loops over the experts a batch hits
-    (`nonzero()`), which export cannot trace. The `batched_mm` implementation computes the same sum with plain
-    batched matmuls."""
+    (`nonzero()`), which export cannot trace, and so does a layer whose config names none (Diffusion Gemma's decoder
+    builds its layers from a sub-config that is never dispatched). The `batched_mm` implementation computes the same
+    sum with plain batched matmuls."""
 
     def get_interface(self, experts_implementation, default):
-        if experts_implementation in ("grouped_mm", "eager"):
+        if experts_implementation in ("grouped_mm", "eager", None):
             experts_implementation = "batched_mm"
             report_applied()
         return original(self, experts_implementation, default)

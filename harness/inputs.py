@@ -764,6 +764,7 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     "query_embeds": _query_embeds,
     "noise_embeds": _drafted_block,
     "t_cond": lambda context: context.randn(1, 1, context.config.hidden_size),  # one delay: broadcast over the batch
+    "past_key_values": lambda context: _encoder_prefix_cache(context),
     "spectrogram": _spectrogram,
     # BigVGAN (the Qwen2.5-Omni vocoder): mel bins first
     "mel_spectrogram": lambda context: context.randn(context.batch, context.get("mel_dim", 80), 4 * context.length),
@@ -827,8 +828,11 @@ _ALWAYS = ("attention_mask", "token_type_ids", "decoder_input_ids", "pixel_value
            "flattened_patches", "image_embeds_position_mask", "image_grid_hw", "high_res_pixel_values", "sample",
            "return_loss", "question_positions", "timestep", "region_to_phrase_position", "moshi_audio_codes",
            "user_audio_codes", *_TRAJECTORY, *_ENTITIES, *_RETRIEVED)
-# inputs a forward needs but takes only through `**kwargs`, which its signature cannot tell
-_THROUGH_KWARGS = {"VoxtralRealtimeTextModel": ("t_cond",)}  # the delay's time embedding its composite computes
+# inputs a forward needs that its signature does not require: optional there, or taken only through `**kwargs`
+_NEEDED_UNDECLARED = {
+    "VoxtralRealtimeTextModel": ("t_cond",),  # the delay's time embedding its composite computes
+    "DiffusionGemmaDecoderModel": ("past_key_values",),  # the encoder's keys and values of the prompt
+}
 
 
 def _parameters(model) -> dict[str, inspect.Parameter]:
@@ -868,7 +872,7 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
         other_audio = alone in _AUDIO_INPUTS and name in _AUDIO_INPUTS  # samples or features, one of them
         if name not in wanted and not other_audio and (required or name in _ALWAYS or text_beside or frame_mask):
             wanted.append(name)
-    wanted += _THROUGH_KWARGS.get(type(model).__name__, ())
+    wanted += [name for name in _NEEDED_UNDECLARED.get(type(model).__name__, ()) if name not in wanted]
     for name in wanted:
         rule = _RULES.get(name)
         if rule is None:
@@ -1046,6 +1050,20 @@ def _image_grid(inputs: dict):
 
 def _inputs_are_audio(model) -> bool:
     return model.config.model_type != "perceiver"  # its generic `inputs` carry whatever its preprocessor reads
+
+
+def _encoder_prefix_cache(context: Context):
+    """Diffusion Gemma's decoder reads the prompt's keys and values from the cache its encoder filled: as many
+    random ones as the canvas has tokens, in each layer's shape."""
+    from transformers import DynamicCache
+
+    text = context.config.text_config
+    cache = DynamicCache(config=text)
+    for index, layer in enumerate(context.model.layers[: text.num_hidden_layers]):
+        attention = layer.self_attn
+        shape = (context.batch, attention.k_proj.out_features // attention.head_dim, context.length, attention.head_dim)
+        cache.update(context.randn(*shape), context.randn(*shape), index)
+    return cache
 
 
 def _perceiver_inputs(context: Context) -> torch.Tensor | None:

@@ -194,6 +194,7 @@ KINDS = {
     "PerceiverForOpticalFlow": "image",  # two frames of 3 x 3 patches, at a tiny train_size
     "UVDocModel": "image",  # every bridge stage fused, on an image that leaves its maps room to reflect-pad
     "VoxtralRealtimeTextModel": "text",  # the delay's time embedding, which its forward reads from **kwargs
+    "DiffusionGemmaDecoderModel": "text",  # the encoder's keys and values of the prompt, in a cache
 }
 
 
