@@ -765,6 +765,7 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     "noise_embeds": _drafted_block,
     "t_cond": lambda context: context.randn(1, 1, context.config.hidden_size),  # one delay: broadcast over the batch
     "past_key_values": lambda context: _encoder_prefix_cache(context),
+    "subsampled_output_points": lambda context: _perceiver_output_points(context),
     "spectrogram": _spectrogram,
     # BigVGAN (the Qwen2.5-Omni vocoder): mel bins first
     "mel_spectrogram": lambda context: context.randn(context.batch, context.get("mel_dim", 80), 4 * context.length),
@@ -832,6 +833,7 @@ _ALWAYS = ("attention_mask", "token_type_ids", "decoder_input_ids", "pixel_value
 _NEEDED_UNDECLARED = {
     "VoxtralRealtimeTextModel": ("t_cond",),  # the delay's time embedding its composite computes
     "DiffusionGemmaDecoderModel": ("past_key_values",),  # the encoder's keys and values of the prompt
+    "PerceiverForMultimodalAutoencoding": ("subsampled_output_points",),  # which outputs to decode
 }
 
 
@@ -1066,7 +1068,7 @@ def _encoder_prefix_cache(context: Context):
     return cache
 
 
-def _perceiver_inputs(context: Context) -> torch.Tensor | None:
+def _perceiver_inputs(context: Context) -> torch.Tensor | dict | None:
     """What a Perceiver's preprocessor reads; beside `input_ids` or `pixel_values` those are fed instead."""
     if {"input_ids", "pixel_values"} & set(context.parameters):
         return None
@@ -1076,7 +1078,17 @@ def _perceiver_inputs(context: Context) -> torch.Tensor | None:
     if getattr(preprocessor, "prep_type", None) == "patches" and preprocessor.temporal_downsample == 2:
         context.label_hint = "image"  # optical flow: two frames, each pixel with its 3 x 3 neighbourhood's channels
         return context.randn(context.batch, 2, 27, *context.config.train_size)
-    return None  # multimodal autoencoding: a dict of modalities, decoded by the chunk its card loops over
+    config = context.config  # multimodal autoencoding: a video, its sound, and a label (masked out)
+    context.label_hint = "video+audio"
+    return {"audio": context.randn(context.batch, config.num_frames * config.audio_samples_per_frame, 1),
+            "image": context.randn(context.batch, config.num_frames, 3, config.image_size, config.image_size),
+            "label": torch.zeros(context.batch, config.num_labels)}
+
+
+def _perceiver_output_points(context: Context) -> dict:
+    """Multimodal autoencoding decodes a chunk of the video's pixels and of its audio patches per call, as its card
+    loops over them (decoding every point at once runs out of memory): here the first 16 of each; the label whole."""
+    return {"audio": torch.arange(16), "image": torch.arange(16)}
 
 
 def unfed_modalities(model, inputs: dict) -> list[str]:

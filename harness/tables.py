@@ -120,9 +120,10 @@ TINY_OVERRIDES: dict[str, dict] = {
     "detr": {"encoder_attention_heads": 8},
     # cross-attention keys are the pixels with hard-coded Fourier features (261 or 322 channels): one head divides;
     # the latent array's names escape the generic shrink (256 latents x 1280 wide, 26 self-attention layers); optical
-    # flow decodes a flow vector per pixel of train_size (368 x 496)
+    # flow decodes a flow vector per pixel of train_size (368 x 496); multimodal autoencoding reads num_frames of
+    # audio_samples_per_frame each (16 x 1920)
     "perceiver": {"num_cross_attention_heads": 1, "num_latents": 16, "d_latents": 32, "num_self_attends_per_block": 2,
-                  "train_size": [8, 8]},
+                  "train_size": [8, 8], "num_frames": 2, "audio_samples_per_frame": 64},
     # text layers cross-attend to the image only at the listed indices (3, 8, …): one a two-layer model has; the
     # projector reads the last and five intermediate vision layers concatenated, 6 x 32 wide
     "mllama": {"text_config.cross_attention_layers": [1], "vision_config.vision_output_dim": 192},

@@ -195,6 +195,7 @@ KINDS = {
     "UVDocModel": "image",  # every bridge stage fused, on an image that leaves its maps room to reflect-pad
     "VoxtralRealtimeTextModel": "text",  # the delay's time embedding, which its forward reads from **kwargs
     "DiffusionGemmaDecoderModel": "text",  # the encoder's keys and values of the prompt, in a cache
+    "PerceiverForMultimodalAutoencoding": "video+audio",  # a dict of modalities, and the outputs to decode
 }
 
 
