@@ -1065,6 +1065,8 @@ def _encoder_prefix_cache(context: Context):
         attention = layer.self_attn
         shape = (context.batch, attention.k_proj.out_features // attention.head_dim, context.length, attention.head_dim)
         cache.update(context.randn(*shape), context.randn(*shape), index)
+    for layer in cache.layers:  # a sliding layer keeps a view of its window: a layout an export would require
+        layer.keys, layer.values = layer.keys.contiguous(), layer.values.contiguous()
     return cache
 
 
