@@ -1059,7 +1059,9 @@ def _encoder_prefix_cache(context: Context):
     random ones as the canvas has tokens, in each layer's shape."""
     from transformers import DynamicCache
 
-    text = context.config.text_config
+    text = getattr(context.config, "text_config", None)
+    if text is None or not hasattr(context.model, "layers"):  # the name alone says nothing about another model's
+        raise InputError(f"no input rule for the cache {type(context.model).__name__} reads")
     cache = DynamicCache(config=text)
     for index, layer in enumerate(context.model.layers[: text.num_hidden_layers]):
         attention = layer.self_attn
