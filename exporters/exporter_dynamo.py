@@ -241,6 +241,26 @@ def _patch_experts_batched_mm(original):
     return get_interface
 
 
+@register_patch(
+    "dynamo",
+    *(f"transformers.models.{name}.modeling_{name}.len"
+      for name in ("rt_detr", "rt_detr_v2", "d_fine", "deimv2", "pp_doclayout_v2", "pp_doclayout_v3")),
+    reports=True,
+)
+def _patch_len_of_tensor_symbolic(original):
+    """RT-DETR and the detectors built on its code read their batch size as `len(source_flatten)`. Python's `len`
+    must answer an int, so a dynamic batch is fixed to the traced one; in these modules the length of a tensor is
+    its first size, which stays symbolic."""
+
+    def length(value):
+        if isinstance(value, torch.Tensor) and value.dim():
+            report_applied()
+            return value.shape[0]
+        return original(value)
+
+    return length
+
+
 @register_patch("dynamo", "transformers.masking_utils._vmap_expansion_sdpa")
 def _patch_mask_by_broadcast(_original):
     """A mask with a custom overlay (Gemma 3's bidirectional image blocks) is built with `torch.vmap`, which traces,

@@ -15,6 +15,7 @@ Fixes return whether they changed anything, so each export records the workaroun
 
 from __future__ import annotations
 
+import builtins
 import contextvars
 import functools
 import importlib
@@ -227,9 +228,14 @@ def resolve_path(path: str) -> tuple[Any, str]:
         if not hasattr(owner, part):
             raise PatchPathError(f"{path!r}: {getattr(owner, '__name__', owner)!s} has no attribute {part!r}")
         owner = getattr(owner, part)
-    if not hasattr(owner, parts[-1]):
+    if not hasattr(owner, parts[-1]) and not _shadows_builtin(owner, parts[-1]):
         raise PatchPathError(f"{path!r}: {getattr(owner, '__name__', owner)!s} has no attribute {parts[-1]!r}")
     return owner, parts[-1]
+
+
+def _shadows_builtin(owner: Any, attribute: str) -> bool:
+    """A module's builtin name (``module.len``): a patch there shadows the builtin for that module's code alone."""
+    return inspect.ismodule(owner) and attribute not in vars(owner) and hasattr(builtins, attribute)
 
 
 _REPORTING: contextvars.ContextVar[tuple[str, set[str]] | None] = contextvars.ContextVar("patch", default=None)
@@ -297,9 +303,11 @@ def _install(patch: Patch, path: str, fired: set[str]) -> Callable[[], None]:
         owner, attribute = resolve_path(path)
     except PatchPathError as error:
         raise PatchPathError(f"{patch.backend} patch {patch.name}: {error}") from None
-    raw = inspect.getattr_static(owner, attribute)
+    shadowing = _shadows_builtin(owner, attribute)
+    raw = None if shadowing else inspect.getattr_static(owner, attribute)
     had_own = attribute in vars(owner)
-    replacement = _counting(patch.factory(getattr(owner, attribute)), patch, fired)
+    original = getattr(builtins, attribute) if shadowing else getattr(owner, attribute)
+    replacement = _counting(patch.factory(original), patch, fired)
     if isinstance(raw, staticmethod):
         replacement = staticmethod(replacement)
     elif isinstance(raw, classmethod):

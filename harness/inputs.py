@@ -481,6 +481,8 @@ def _hidden_states(context: Context) -> torch.Tensor:
         context.inputs_so_far["image_grid_thw"] = grid["image_grid_thw"]
         context.label_hint = "image"
         return grid["pixel_values"]
+    if "quantized_code" in context.parameters:  # the DiT's noisy mel frames, as many as its codes stand for
+        return context.randn(context.batch, context.length * context.get("repeats"), context.get("mel_dim"))
     reader = _first_layer(context.model)
     if getattr(context.model, "main_input_name", None) == "pixel_values":  # a vision backbone (Florence-2's DaViT)
         context.label_hint = "image"
@@ -729,8 +731,16 @@ _RETRIEVED = {  # RAG without its retriever (an index it would download): the pa
     "doc_scores": lambda c: c.randn(c.batch, c.get("n_docs", 1)),
 }
 
+_MEL_FLOW = {  # Qwen2.5-Omni's token-to-wav DiT alone: one flow step over the mel frames its speech codes stand for
+    "quantized_code": lambda c: torch.randint(0, c.get("num_embeds"), (c.batch, c.length), generator=c.generator),
+    "condition_vector": lambda c: c.randn(c.batch, 4 * c.length, c.get("mel_dim")),  # the reference voice's mel
+    "speaker_embedding": lambda c: c.randn(c.batch, c.length * c.get("repeats"), c.get("enc_emb_dim")),
+    "time_step": lambda c: torch.rand(c.batch, generator=c.generator),
+}
+
 _RULES: dict[str, Callable[[Context], Any]] = {
     **_TRAJECTORY,
+    **_MEL_FLOW,
     **_RETRIEVED,
     **_CLASS_PROMPTS,
     **_FLOW_POLICY,
@@ -919,6 +929,8 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
             inputs[feature_input] = _RULES[feature_input](context)  # audio language models: sound next to the text
         if feature_input in inputs:
             _place_placeholders(context, inputs, modality)
+    if "images_per_sample" in parameters and "image_grid_thw" in inputs:
+        _add_target_grids(inputs)
     if "position_ids" in parameters and "input_ids" in inputs:
         _multimodal_positions(model, inputs)
     eos = getattr(model.config, "eos_token_id", None)
@@ -941,6 +953,14 @@ def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any],
     if "input_ids" in inputs or "decoder_input_ids" in inputs:
         modalities.insert(0, "text")
     return inputs, "+".join(dict.fromkeys(modalities)) or "other"
+
+
+def _add_target_grids(inputs: dict) -> None:
+    """GLM-Image edits an image into a new one: each sample's grids are its source image's, then the grid of the
+    image to generate, which positions the answer and which its vision tower never sees."""
+    sources = inputs["image_grid_thw"]
+    inputs["image_grid_thw"] = torch.stack([sources, sources], dim=1).flatten(0, 1)
+    inputs["images_per_sample"] = torch.full((len(sources),), 2)
 
 
 def _multimodal_positions(model, inputs: dict) -> None:
@@ -1222,7 +1242,13 @@ def _place_placeholders(context: Context, inputs: dict, modality: str) -> None:
             # the flagged images of every sample, counted by a VLM that reads single images (PI0's)
             arguments["pixel_values"] = arguments["pixel_values"].flatten(0, 1)
         with torch.no_grad():
-            count = _feature_count(features(**arguments))
+            answer = features(**arguments)
+            tokenizer = getattr(features.__self__, "get_image_tokens", None) if modality == "image" else None
+            if tokenizer is not None and "hidden_states" in inspect.signature(tokenizer).parameters:
+                # GLM-Image quantizes the features: a codebook token per placeholder
+                count = tokenizer(answer.pooler_output).numel()
+            else:
+                count = _feature_count(answer)
         per_sample = count // context.batch
     _prepend_placeholders(context, inputs, _placeholder_token(context.config, modality), per_sample)
     if "mm_token_type_ids" in context.parameters:

@@ -85,6 +85,10 @@ TINY_OVERRIDES: dict[str, dict] = {
     "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"]},
     # block types cycle with period 3: keep one whole period so an attention block exists
     "recurrent_gemma": {"num_hidden_layers": 3},
+    # the speaker encoder's last layer reads the middle layers' outputs side by side: as wide as they are together
+    "qwen2_5_omni_dit": {"enc_channels": [32, 32, 32, 32, 96]},
+    # GLM-Image writes its images' codebook tokens into the text: a codebook inside the shrunk vocabulary
+    "glm_image": {"vq_config.num_embeddings": 64},
     # attention layers are derived from attention_types in __post_init__, not from attention_layers
     "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
     # the default text config fails the assistant's own validation: no per-layer inputs, every layer sharing the
@@ -409,6 +413,12 @@ TINY_OVERRIDES: dict[str, dict] = {
     "hiera": {"decoder_hidden_size": 32, "decoder_depth": 1, "decoder_num_heads": 1, "image_size": [64, 64]},
     # the mask branch reads the backbone's first-stage features, whose width it assumes (128)
     "pp_doclayout_v3": {"x4_feat_dim": 32, **_DETR_SIGNAL},
+}
+
+# model class -> the config class it is built from, where it declares its composite's: the class that builds it
+# hands it a sub-config (UVDoc's bridge is built by its backbone)
+BUILT_FROM: dict[str, str] = {
+    "UVDocBridge": "UVDocBackboneConfig",
 }
 
 # model type -> feature extractor class, where the auto mapping names one that does not make this model's inputs.

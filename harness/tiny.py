@@ -16,7 +16,7 @@ import inspect
 import re
 from typing import Any
 
-from .tables import TINY_OVERRIDES
+from .tables import BUILT_FROM, TINY_OVERRIDES
 
 WIDTH = 32  # every hidden size, embedding size, projection size
 FFN = 64  # every feed-forward size
@@ -477,7 +477,10 @@ def _apply_overrides(values: dict, overrides: dict) -> None:
 def tiny_config(model_class):
     """The tiny config of a ``ModelClass``: its config class' defaults, shrunk, then its model type's
     ``TINY_OVERRIDES`` row."""
-    config_class = getattr(model_class.load(), "config_class", None) or model_class.config_class()
+    if model_class.name in BUILT_FROM:
+        config_class = getattr(importlib.import_module("transformers"), BUILT_FROM[model_class.name])
+    else:
+        config_class = getattr(model_class.load(), "config_class", None) or model_class.config_class()
     # the row of the config class built too, when a class of one model type takes another's (a text-only head)
     overrides = {**TINY_OVERRIDES.get(getattr(config_class, "model_type", ""), {}),
                  **TINY_OVERRIDES.get(model_class.model_type, {})}

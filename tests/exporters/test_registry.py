@@ -1,5 +1,7 @@
 """The workaround registry: patches live only while a backend traces, and bad registrations fail loudly."""
 
+import sys
+
 import pytest
 import torch
 
@@ -62,6 +64,31 @@ def test_patch_is_restored_when_the_export_raises(scratch_patches):
     assert torch.where is real_where
     assert torch.Tensor.softmax is real_softmax
     assert "softmax" not in vars(torch.Tensor), "an inherited attribute is deleted again, not shadowed"
+
+
+def test_a_builtin_is_shadowed_in_one_module_while_tracing_and_unshadowed_after(scratch_patches):
+    import types
+
+    module = types.ModuleType("batch_reader")
+    exec("def batch(x):\n    return len(x)", module.__dict__)
+    sys.modules["batch_reader"] = module
+    try:
+        originals = []
+
+        @register_patch("dynamo", "batch_reader.len")
+        def _patch_len_spy(original):
+            originals.append(original)
+            return lambda value: original(value) + 100
+
+        with apply_patches("dynamo"):
+            assert module.batch([1, 2]) == 102, "the module's code reads the shadowing name"
+            assert len([1, 2]) == 2, "the builtin itself is untouched"
+        assert originals == [len]
+        assert "len" not in vars(module) and module.batch([1, 2]) == 2
+    finally:
+        del sys.modules["batch_reader"]
+    with pytest.raises(PatchPathError, match="has no attribute 'no_such_builtin'"):
+        utils.resolve_path("torch.nn.functional.no_such_builtin")
 
 
 def test_several_paths_share_one_factory(scratch_patches):

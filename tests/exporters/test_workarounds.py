@@ -440,6 +440,20 @@ def test_a_model_class_exports_with_its_workaround_and_fails_without(name, backe
         _export(context, backend)
 
 
+def test_rt_detr_keeps_a_symbolic_batch_where_its_code_takes_the_length_of_a_tensor():
+    from harness.cells import specialized_axes, varying_axes
+
+    context = _built_by_the_sweep("RTDetrModel")
+    first, second = context.inputs["A"], context.inputs["B"]
+    exporter, config = exporters.exporter_for("dynamo", dynamic=True, dynamic_shapes=varying_axes(first, second))
+    exported = exporter.export(context.model, first, config)
+    assert "_patch_len_of_tensor_symbolic" in exported.applied
+    assert_parity(exported(**second), context.expected["B"], TOLERANCE["dynamo"])  # another batch
+    with disabled_workarounds("_patch_len_of_tensor_symbolic"):
+        fixed = exporter.export(context.model, first, config)
+    assert specialized_axes(fixed.metadata["input_shapes"], first, second) == ["pixel_values axis 0 = 2 (second set: 3)"]
+
+
 def test_omdet_turbo_program_encodes_the_prompts_it_is_given_not_those_eager_cached():
     context = _built_by_the_sweep("OmDetTurboForObjectDetection")  # its eager calls filled the prompt cache
     exported = _export(context, "dynamo")

@@ -196,6 +196,9 @@ KINDS = {
     "VoxtralRealtimeTextModel": "text",  # the delay's time embedding, which its forward reads from **kwargs
     "DiffusionGemmaDecoderModel": "text",  # the encoder's keys and values of the prompt, in a cache
     "PerceiverForMultimodalAutoencoding": "video+audio",  # a dict of modalities, and the outputs to decode
+    "Qwen2_5OmniToken2WavDiTModel": "other",  # one flow step: noisy mel frames, their codes, a reference voice
+    "GlmImageModel": "text+image",  # a source image then the grid to generate; a codebook token per placeholder
+    "UVDocBridge": "image",  # built from its backbone's config, as the backbone builds it
 }
 
 
