@@ -1106,6 +1106,52 @@ def _patch_streaming_mask_by_argmax(original):
     return {"adaptive_enc_mask": adaptive_enc_mask, "_streaming_mask": _streaming_mask}[original.__name__]
 
 
+@register_patch("dynamo", "transformers.models.canine.modeling_canine.CanineAttention.forward", reports=True)
+def _patch_canine_local_attention_masked(original):
+    """CANINE's local attention cuts the characters into windows with a Python loop over the sequence length, which
+    fixes the length. With windows as wide as their stride (as CANINE builds them) the queries of window k read the
+    keys of window k: one attention over the whole sequence whose mask leaves out every other key gives the same
+    numbers (outside keys weigh exp(-inf), the padding keys inside weigh as in the window). The always-attended
+    first key is a column of its own, as the windows repeat it."""
+
+    def forward(self, hidden_states, attention_mask=None, output_attentions=False):
+        windows = {self.attend_from_chunk_width, self.attend_from_chunk_stride,
+                   self.attend_to_chunk_width, self.attend_to_chunk_stride}  # fmt: skip
+        if not self.local or output_attentions or self.first_position_attends_to_all or len(windows) != 1:
+            return original(self, hidden_states, attention_mask, output_attentions)
+        report_applied()
+        (width,) = windows
+        positions = torch.arange(hidden_states.shape[1], device=hidden_states.device)
+        in_window = (positions[:, None] // width) == (positions[None, :] // width)
+        keys, padding = hidden_states, attention_mask
+        if self.always_attend_to_first_position:
+            keys = torch.cat([hidden_states[:, :1], hidden_states], dim=1)
+            in_window = torch.cat([torch.ones_like(in_window[:, :1]), in_window], dim=1)
+            padding = torch.cat([attention_mask[:, :, :1], attention_mask], dim=2)
+        # the padding as the windows add it; keys outside the query's window weigh nothing, even beside padding
+        additive = (1.0 - padding.float()) * torch.finfo(hidden_states.dtype).min
+        additive = additive.masked_fill(~in_window, float("-inf"))
+        attended = self.self(hidden_states, keys, additive.unsqueeze(1).to(hidden_states.dtype))[0]
+        return (self.output(attended, hidden_states),)
+
+    return forward
+
+
+@register_patch("dynamo", "transformers.models.canine.modeling_canine.CanineModel._downsample_attention_mask")
+def _patch_canine_mask_pooled_by_reshape(_original):
+    """CANINE downsamples its character mask with `MaxPool1d`, whose kernel reads the length as an int and so
+    fixes it. The maximum over each window of `rate` characters (a last partial window dropped, as the pool drops
+    it) is the same mask."""
+
+    def _downsample_attention_mask(self, char_attention_mask, downsampling_rate):
+        batch_size, length = char_attention_mask.shape
+        molecules = length // downsampling_rate
+        windows = char_attention_mask[:, : molecules * downsampling_rate].float()
+        return windows.reshape(batch_size, molecules, downsampling_rate).amax(-1)
+
+    return _downsample_attention_mask
+
+
 # Vision towers that pack several images into one sequence (Qwen-VL style, `cu_seqlens` marks where each image
 # starts) attend image by image: `torch.split(q, lengths.tolist())`, sizes read from tensor values, which torch.export
 # cannot trace. Their flash-attention branch hands `cu_seqlens` to the attention function instead, so for the trace

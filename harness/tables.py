@@ -89,6 +89,9 @@ TINY_OVERRIDES: dict[str, dict] = {
     "qwen2_5_omni_dit": {"enc_channels": [32, 32, 32, 32, 96]},
     # GLM-Image writes its images' codebook tokens into the text: a codebook inside the shrunk vocabulary
     "glm_image": {"vq_config.num_embeddings": 64},
+    # characters pooled into molecules leave the tiny texts (7 and 5 long) one or two molecules past the first, sizes
+    # export specializes: a molecule per character
+    "canine": {"downsampling_rate": 1},
     # attention layers are derived from attention_types in __post_init__, not from attention_layers
     "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
     # the default text config fails the assistant's own validation: no per-layer inputs, every layer sharing the

@@ -440,18 +440,65 @@ def test_a_model_class_exports_with_its_workaround_and_fails_without(name, backe
         _export(context, backend)
 
 
-def test_rt_detr_keeps_a_symbolic_batch_where_its_code_takes_the_length_of_a_tensor():
+def _fixed_axes_with_and_without(name, workarounds):
+    """Export ``name`` on the sweep's varying axes: the program must run the second input set like eager, and with
+    each workaround disabled fix some of those axes. Returns the axes each one's absence fixed."""
     from harness.cells import specialized_axes, varying_axes
 
-    context = _built_by_the_sweep("RTDetrModel")
+    context = _built_by_the_sweep(name)
     first, second = context.inputs["A"], context.inputs["B"]
     exporter, config = exporters.exporter_for("dynamo", dynamic=True, dynamic_shapes=varying_axes(first, second))
     exported = exporter.export(context.model, first, config)
-    assert "_patch_len_of_tensor_symbolic" in exported.applied
-    assert_parity(exported(**second), context.expected["B"], TOLERANCE["dynamo"])  # another batch
-    with disabled_workarounds("_patch_len_of_tensor_symbolic"):
-        fixed = exporter.export(context.model, first, config)
-    assert specialized_axes(fixed.metadata["input_shapes"], first, second) == ["pixel_values axis 0 = 2 (second set: 3)"]
+    assert set(workarounds) <= set(exported.applied)
+    assert_parity(exported(**second), context.expected["B"], TOLERANCE["dynamo"])
+    fixed = {}
+    for workaround in workarounds:
+        with disabled_workarounds(workaround):
+            program = exporter.export(context.model, first, config)
+        fixed[workaround] = specialized_axes(program.metadata["input_shapes"], first, second)
+    return fixed
+
+
+def test_rt_detr_keeps_a_symbolic_batch_where_its_code_takes_the_length_of_a_tensor():
+    fixed = _fixed_axes_with_and_without("RTDetrModel", ["_patch_len_of_tensor_symbolic"])
+    assert fixed == {"_patch_len_of_tensor_symbolic": ["pixel_values axis 0 = 2 (second set: 3)"]}
+
+
+def test_canine_keeps_a_symbolic_length_through_its_local_attention_and_mask_pooling():
+    workarounds = ["_patch_canine_local_attention_masked", "_patch_canine_mask_pooled_by_reshape"]
+    fixed = _fixed_axes_with_and_without("CanineModel", workarounds)
+    for workaround in workarounds:
+        assert "input_ids axis 1 = 7 (second set: 5)" in fixed[workaround], workaround
+
+
+def test_canine_local_attention_as_one_masked_attention_is_the_windowed_one():
+    from transformers import CanineConfig
+    from transformers.models.canine.modeling_canine import CanineAttention, CanineModel
+
+    from exporters.exporter_dynamo import _patch_canine_local_attention_masked, _patch_canine_mask_pooled_by_reshape
+
+    torch.manual_seed(0)
+    config = CanineConfig(hidden_size=16, num_attention_heads=2)
+    masked_forward = _patch_canine_local_attention_masked(CanineAttention.forward)
+    for always_attend_to_first_position in (False, True):
+        attention = CanineAttention(
+            config, local=True, always_attend_to_first_position=always_attend_to_first_position,
+            attend_from_chunk_width=3, attend_from_chunk_stride=3, attend_to_chunk_width=3, attend_to_chunk_stride=3,
+        ).eval()  # fmt: skip
+        hidden = torch.randn(2, 8, 16)  # three windows, the last one short
+        padding = torch.ones(2, 8, 8)
+        padding[1, :, 6:] = 0  # the second text ends inside the last window...
+        padding[1, :, 3:6] = 0  # ...and a whole window of it is padding: its queries read padding only
+        with torch.no_grad():
+            expected = attention(hidden, padding)[0]
+            got = masked_forward(attention, hidden, padding)[0]
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+    pooled = _patch_canine_mask_pooled_by_reshape(None)
+    mask = torch.tensor([[1, 1, 1, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0, 1]])  # 7 characters: the last dropped at rate 2
+    expected = CanineModel._downsample_attention_mask(None, mask, 2)
+    torch.testing.assert_close(pooled(None, mask, 2), expected)
+    assert expected.tolist() == [[1, 1, 0], [1, 0, 0]]
 
 
 def test_omdet_turbo_program_encodes_the_prompts_it_is_given_not_those_eager_cached():
