@@ -464,6 +464,16 @@ def test_rt_detr_keeps_a_symbolic_batch_where_its_code_takes_the_length_of_a_ten
     assert fixed == {"_patch_len_of_tensor_symbolic": ["pixel_values axis 0 = 2 (second set: 3)"]}
 
 
+@pytest.mark.parametrize("name, workaround", [
+    ("MambaModel", "_patch_selective_scan_as_scan_op"),
+    ("RecurrentGemmaModel", "_patch_rg_lru_scan_as_scan_op"),
+    ("RwkvModel", "_patch_rwkv_attention_as_scan_op"),
+])  # fmt: skip
+def test_recurrences_over_time_keep_a_symbolic_length_as_scan_ops(name, workaround):
+    fixed = _fixed_axes_with_and_without(name, [workaround])
+    assert "input_ids axis 1 = 7 (second set: 5)" in fixed[workaround]
+
+
 def test_canine_keeps_a_symbolic_length_through_its_local_attention_and_mask_pooling():
     workarounds = ["_patch_canine_local_attention_masked", "_patch_canine_mask_pooled_by_reshape"]
     fixed = _fixed_axes_with_and_without("CanineModel", workarounds)
