@@ -475,17 +475,29 @@ def test_recurrences_over_time_keep_a_symbolic_length_as_scan_ops(name, workarou
 
 
 def test_canine_keeps_a_symbolic_length_through_its_local_attention_and_mask_pooling():
-    workarounds = ["_patch_canine_local_attention_masked", "_patch_canine_mask_pooled_by_reshape"]
+    workarounds = ["_patch_canine_local_attention_masked", "_patch_max_pool1d_by_windows"]
     fixed = _fixed_axes_with_and_without("CanineModel", workarounds)
     for workaround in workarounds:
         assert "input_ids axis 1 = 7 (second set: 5)" in fixed[workaround], workaround
 
 
+def test_max_pooling_windows_that_tile_the_sequence_keep_its_length_symbolic():
+    pool = torch.nn.MaxPool1d(3)
+    length = torch.export.Dim("length", min=6, max=64)
+    exporter, config = exporters.exporter_for("dynamo", dynamic=True, dynamic_shapes={"input": {2: length}})
+    exported = exporter.export(pool, {"input": torch.randn(2, 4, 10)}, config)
+    assert "_patch_max_pool1d_by_windows" in exported.applied
+    longer = torch.randn(2, 4, 13)  # four windows, the last step left out as the pool leaves it
+    torch.testing.assert_close(exported(input=longer)["output"], pool(longer))
+    with disabled_workarounds("_patch_max_pool1d_by_windows"), pytest.raises(exporters.ExportError):
+        exporter.export(pool, {"input": torch.randn(2, 4, 10)}, config)
+
+
 def test_canine_local_attention_as_one_masked_attention_is_the_windowed_one():
     from transformers import CanineConfig
-    from transformers.models.canine.modeling_canine import CanineAttention, CanineModel
+    from transformers.models.canine.modeling_canine import CanineAttention
 
-    from exporters.exporter_dynamo import _patch_canine_local_attention_masked, _patch_canine_mask_pooled_by_reshape
+    from exporters.exporter_dynamo import _patch_canine_local_attention_masked
 
     torch.manual_seed(0)
     config = CanineConfig(hidden_size=16, num_attention_heads=2)
@@ -503,12 +515,6 @@ def test_canine_local_attention_as_one_masked_attention_is_the_windowed_one():
             expected = attention(hidden, padding)[0]
             got = masked_forward(attention, hidden, padding)[0]
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
-
-    pooled = _patch_canine_mask_pooled_by_reshape(None)
-    mask = torch.tensor([[1, 1, 1, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0, 1]])  # 7 characters: the last dropped at rate 2
-    expected = CanineModel._downsample_attention_mask(None, mask, 2)
-    torch.testing.assert_close(pooled(None, mask, 2), expected)
-    assert expected.tolist() == [[1, 1, 0], [1, 0, 0]]
 
 
 def test_omdet_turbo_program_encodes_the_prompts_it_is_given_not_those_eager_cached():
