@@ -1164,6 +1164,110 @@ def _patch_max_pool1d_by_windows(original):
     return max_pool1d
 
 
+@register_patch(
+    "dynamo",
+    *(f"transformers.models.{name}.modeling_{name}.mamba_selective_scan"
+      for name in ("mamba", "falcon_mamba", "jamba", "zamba")),
+    reports=True,
+)
+def _patch_selective_scan_as_scan_op(original):
+    """Without their CUDA kernels, Mamba's selective scans loop over the time steps in Python: a symbolic sequence
+    length cannot drive that loop, so the export fixes it. torch's `scan` operator carries the state through the
+    same steps in the same order, for any length (torch.onnx lowers it to a Scan). A fixed length keeps the loop."""
+    from torch._higher_order_ops.scan import scan
+
+    def mamba_selective_scan(hidden_states, dt, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
+                             return_last_state=False, **kwargs):  # fmt: skip
+        if not isinstance(hidden_states.shape[2], torch.SymInt):
+            return original(hidden_states, dt, A, B, C, D=D, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus,
+                            return_last_state=return_last_state, **kwargs)  # fmt: skip
+        report_applied()
+        if delta_bias is not None:
+            dt = dt + delta_bias.to(dt.dtype)[..., None]
+        if delta_softplus:
+            dt = torch.nn.functional.softplus(dt)
+        # per time step (axis 0): the state's decay, its update, and the readout of the state
+        decay = torch.exp(A[None, :, None, :] * dt[:, :, :, None]).movedim(2, 0)
+        update = (dt[:, :, :, None] * B.transpose(1, 2)[:, None].float() * hidden_states[:, :, :, None].float()).movedim(2, 0)
+        readout = C.movedim(2, 0)  # B and C come as (batch, state, time)
+
+        def step(state, inputs):
+            step_decay, step_update, step_readout = inputs
+            state = step_decay * state + step_update
+            return state, (state.to(hidden_states.dtype) * step_readout[:, None, :]).sum(-1)
+
+        last_state, outputs = scan(step, torch.zeros_like(update[0]), (decay, update, readout))
+        scan_output = outputs.movedim(0, -1)
+        if D is not None:
+            scan_output = scan_output + hidden_states * D[None, :, None]
+        if z is not None:
+            scan_output = scan_output * torch.nn.functional.silu(z)
+        return (scan_output, last_state) if return_last_state else scan_output
+
+    return mamba_selective_scan
+
+
+@register_patch("dynamo", "transformers.models.recurrent_gemma.modeling_recurrent_gemma.RecurrentGemmaRglru._rnn_scan",
+                reports=True)
+def _patch_rg_lru_scan_as_scan_op(original):
+    """RecurrentGemma's linear recurrence loops over the time steps in Python, as Mamba's scans do (see
+    `_patch_selective_scan_as_scan_op`): `scan` runs the same steps for a symbolic length."""
+    from torch._higher_order_ops.scan import scan
+
+    def _rnn_scan(self, hidden_states, recurrent_gate, reset, recurrent_states, acc_dtype=torch.float32):
+        if not isinstance(hidden_states.shape[1], torch.SymInt):
+            return original(self, hidden_states, recurrent_gate, reset, recurrent_states, acc_dtype)
+        report_applied()
+        recurrent_gate = recurrent_gate * ~reset
+        if recurrent_states is None:
+            recurrent_states = torch.zeros(hidden_states[:, 0].shape, dtype=acc_dtype, device=hidden_states.device)
+
+        def step(state, inputs):
+            gate, update = inputs
+            state = gate.type(acc_dtype) * state + update.type(acc_dtype)
+            return state, state.to(hidden_states.dtype, copy=True)  # the carry and the output must not alias
+
+        last_state, outputs = scan(step, recurrent_states, (recurrent_gate.movedim(1, 0), hidden_states.movedim(1, 0)))
+        return outputs.movedim(0, 1), last_state
+
+    return _rnn_scan
+
+
+@register_patch("dynamo", "transformers.models.rwkv.modeling_rwkv.rwkv_linear_attention_cpu", reports=True)
+def _patch_rwkv_attention_as_scan_op(original):
+    """RWKV's attention without its CUDA kernel loops over the time steps in Python, as Mamba's scans do (see
+    `_patch_selective_scan_as_scan_op`): `scan` carries its numerator, denominator and running maximum through the
+    same steps for a symbolic length."""
+    from torch._higher_order_ops.scan import scan
+
+    def rwkv_linear_attention_cpu(time_decay, time_first, key, value, state=None, return_state=False):
+        if not isinstance(key.shape[1], torch.SymInt):
+            return original(time_decay, time_first, key, value, state=state, return_state=return_state)
+        report_applied()
+        keeps_state = return_state or state is not None
+        if state is None:
+            zeros = torch.zeros(key.shape[0], key.shape[2], dtype=torch.float32, device=key.device)
+            state = [zeros, zeros.clone(), zeros - 1e38]
+        decay = -torch.exp(time_decay)
+
+        def step(carry, inputs):
+            numerator_state, denominator_state, max_state = carry
+            step_key, step_value = inputs
+            step_key = step_key.float()
+            max_for_output = torch.maximum(max_state, step_key + time_first)
+            old, new = torch.exp(max_state - max_for_output), torch.exp(step_key + time_first - max_for_output)
+            output = (old * numerator_state + new * step_value) / (old * denominator_state + new)
+            max_for_state = torch.maximum(max_state + decay, step_key)
+            old, new = torch.exp(max_state + decay - max_for_state), torch.exp(step_key - max_for_state)
+            carry = [old * numerator_state + new * step_value, old * denominator_state + new, max_for_state]
+            return carry, output.to(key.dtype)
+
+        final, outputs = scan(step, [part.contiguous() for part in state], (key.movedim(1, 0), value.movedim(1, 0)))
+        return outputs.movedim(0, 1), (final if keeps_state else None)
+
+    return rwkv_linear_attention_cpu
+
+
 # Vision towers that pack several images into one sequence (Qwen-VL style, `cu_seqlens` marks where each image
 # starts) attend image by image: `torch.split(q, lengths.tolist())`, sizes read from tensor values, which torch.export
 # cannot trace. Their flash-attention branch hands `cu_seqlens` to the attention function instead, so for the trace
