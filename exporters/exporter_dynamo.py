@@ -753,6 +753,20 @@ def _patch_hunyuan_vl_placeholder_check_as_tensor(original):
     return get_placeholder_mask
 
 
+@register_patch("dynamo", "transformers.models.glm_image.modeling_glm_image.GlmImageModel.get_placeholder_mask")
+def _patch_glm_image_placeholder_check_as_tensor(_original):
+    """GLM-Image checks its placeholder count against its image tokens with a Python `if` on a tensor's value, as
+    HunYuan-VL does (see `_patch_hunyuan_vl_placeholder_check_as_tensor`): the same check as a tensor condition."""
+
+    def get_placeholder_mask(self, input_ids, image_ids):
+        mask = input_ids == self.config.image_token_id
+        torch._check_tensor_all(mask.sum() == image_ids.shape[0],
+                                lambda: "Number of image placeholder tokens does not match the image tokens")
+        return mask
+
+    return get_placeholder_mask
+
+
 @register_patch(
     "dynamo",
     "transformers.models.encodec.modeling_encodec.EncodecConv1d.forward",

@@ -375,6 +375,7 @@ def test_packed_attention_under_a_data_dependent_length_exports():
     ("Qwen2VLForConditionalGeneration", "image_grid_thw", "executorch", "finite upper bound"),  # sizes per image
     # chunks its audio frames by the number the mask marks real
     ("Qwen2_5OmniThinkerForConditionalGeneration", "feature_attention_mask", "dynamo", "data-dependent"),
+    ("GlmImageModel", "images_per_sample", "dynamo", "data-dependent"),  # splits its grids per sample by them
 ])  # fmt: skip
 def test_a_static_export_bakes_in_the_image_and_audio_geometry(monkeypatch, name, size_input, backend, error):
     context = _built_by_the_sweep(name)
@@ -426,6 +427,8 @@ CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaroun
     ("Phi4MultimodalAudioModel", "dynamo", "_patch_streaming_mask_by_argmax", "data-dependent"),
     # its experts' config names no implementation: the eager loop
     ("DiffusionGemmaDecoderModel", "dynamo", "_patch_experts_batched_mm", "data-dependent"),
+    # its placeholder count checked against its image tokens in a Python `if`
+    ("GlmImageModel", "dynamo", "_patch_glm_image_placeholder_check_as_tensor", "data-dependent"),
 ]
 
 
