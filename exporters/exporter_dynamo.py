@@ -16,6 +16,7 @@ Then ``torch.export.export`` traces the model.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import json
@@ -259,6 +260,29 @@ def _patch_len_of_tensor_symbolic(original):
         return original(value)
 
     return length
+
+
+@register_patch("dynamo", "torch.nn.utils.rnn.pad_sequence", reports=True)
+def _patch_pad_sequence_to_symbolic_longest(original):
+    """Sequences whose lengths are read from data (Qwen-Omni's audio chunks, SeamlessM4T's vocoder units) are padded
+    to the longest with `pad_sequence`, which the trace keeps as one op; the decompositions torch.onnx and
+    ExecuTorch run then compare the lengths in Python (`max(...)`), which data-dependent lengths cannot answer. Each
+    sequence padded up to the symbolic maximum of the lengths, then stacked, is the same tensor."""
+
+    def pad_sequence(sequences, batch_first=False, padding_value=0.0, padding_side="right"):
+        lengths = [sequence.shape[0] for sequence in sequences]
+        if all(isinstance(length, int) for length in lengths):
+            return original(sequences, batch_first, padding_value, padding_side)
+        report_applied()
+        longest = functools.reduce(torch.sym_max, lengths)
+        padded = []
+        for sequence, length in zip(sequences, lengths):
+            before, after = (0, longest - length) if padding_side == "right" else (longest - length, 0)
+            padding = [0, 0] * (sequence.dim() - 1) + [before, after]  # the last pair pads the first axis
+            padded.append(torch.nn.functional.pad(sequence, padding, value=padding_value))
+        return torch.stack(padded, dim=0 if batch_first else 1)
+
+    return pad_sequence
 
 
 @register_patch("dynamo", "transformers.masking_utils._vmap_expansion_sdpa")

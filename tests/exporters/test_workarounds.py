@@ -427,6 +427,8 @@ CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaroun
     ("Phi4MultimodalAudioModel", "dynamo", "_patch_streaming_mask_by_argmax", "data-dependent"),
     # its experts' config names no implementation: the eager loop
     ("DiffusionGemmaDecoderModel", "dynamo", "_patch_experts_batched_mm", "data-dependent"),
+    # its units repeated by predicted durations, then padded to the longest: lengths read from data
+    ("SeamlessM4TCodeHifiGan", "onnx", "_patch_pad_sequence_to_symbolic_longest", "data-dependent"),
     # its placeholder count checked against its image tokens in a Python `if`
     ("GlmImageModel", "dynamo", "_patch_glm_image_placeholder_check_as_tensor", "data-dependent"),
 ]
