@@ -1306,6 +1306,57 @@ def _patch_rwkv_attention_as_scan_op(original):
     return rwkv_linear_attention_cpu
 
 
+@register_patch("dynamo", "torch.nn.LSTM.forward", reports=True)
+def _patch_lstm_as_scan_op(original):
+    """`nn.LSTM` traces as one `aten.lstm` op whose shape rule fixes the sequence length (Parakeet's and Nemotron's
+    transducer decoders, EnCodec's LSTM). For a symbolic length each layer and direction is a `scan` over the time
+    steps (see `_patch_selective_scan_as_scan_op`), with the input projection of every step done at once: the same
+    gates, cell and hidden states. Packed sequences, projections and training-time dropout keep the op."""
+    from torch._higher_order_ops.scan import scan
+
+    def forward(self, input, hx=None):
+        time_axis = 1 if self.batch_first else 0
+        plain = isinstance(input, torch.Tensor) and input.dim() == 3 and not self.proj_size
+        plain = plain and not (self.training and self.dropout)
+        if not plain or not isinstance(input.shape[time_axis], torch.SymInt):
+            return original(self, input, hx)
+        report_applied()
+        steps = input.transpose(0, 1) if self.batch_first else input  # (time, batch, features)
+        directions = 2 if self.bidirectional else 1
+        if hx is None:
+            zeros = steps.new_zeros(self.num_layers * directions, steps.shape[1], self.hidden_size)
+            hx = (zeros, zeros)
+        last_hidden, last_cell = [], []
+        for layer in range(self.num_layers):
+            outputs = []
+            for direction in range(directions):
+                suffix = f"_l{layer}" + ("_reverse" if direction else "")
+                weight_hh = getattr(self, f"weight_hh{suffix}")
+                bias_hh = getattr(self, f"bias_hh{suffix}") if self.bias else None
+                bias_ih = getattr(self, f"bias_ih{suffix}") if self.bias else None
+                ordered = steps.flip(0) if direction else steps
+                projected = torch.nn.functional.linear(ordered, getattr(self, f"weight_ih{suffix}"), bias_ih)
+
+                def step(carry, gates_in, weight_hh=weight_hh, bias_hh=bias_hh):
+                    hidden, cell = carry
+                    gates = gates_in + torch.nn.functional.linear(hidden, weight_hh, bias_hh)
+                    in_gate, forget_gate, candidate, out_gate = gates.chunk(4, dim=-1)
+                    cell = torch.sigmoid(forget_gate) * cell + torch.sigmoid(in_gate) * torch.tanh(candidate)
+                    hidden = torch.sigmoid(out_gate) * torch.tanh(cell)
+                    return [hidden, cell], hidden.clone()  # the carry and the output must not alias
+
+                index = layer * directions + direction
+                (hidden, cell), output = scan(step, [hx[0][index], hx[1][index]], projected)
+                outputs.append(output.flip(0) if direction else output)
+                last_hidden.append(hidden)
+                last_cell.append(cell)
+            steps = torch.cat(outputs, dim=-1) if directions == 2 else outputs[0]
+        output = steps.transpose(0, 1) if self.batch_first else steps
+        return output, (torch.stack(last_hidden), torch.stack(last_cell))
+
+    return forward
+
+
 # Vision towers that pack several images into one sequence (Qwen-VL style, `cu_seqlens` marks where each image
 # starts) attend image by image: `torch.split(q, lengths.tolist())`, sizes read from tensor values, which torch.export
 # cannot trace. Their flash-attention branch hands `cu_seqlens` to the attention function instead, so for the trace

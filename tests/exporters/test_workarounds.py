@@ -469,14 +469,29 @@ def test_rt_detr_keeps_a_symbolic_batch_where_its_code_takes_the_length_of_a_ten
     assert fixed == {"_patch_len_of_tensor_symbolic": ["pixel_values axis 0 = 2 (second set: 3)"]}
 
 
-@pytest.mark.parametrize("name, workaround", [
-    ("MambaModel", "_patch_selective_scan_as_scan_op"),
-    ("RecurrentGemmaModel", "_patch_rg_lru_scan_as_scan_op"),
-    ("RwkvModel", "_patch_rwkv_attention_as_scan_op"),
+@pytest.mark.parametrize("name, workaround, text", [
+    ("MambaModel", "_patch_selective_scan_as_scan_op", "input_ids"),
+    ("RecurrentGemmaModel", "_patch_rg_lru_scan_as_scan_op", "input_ids"),
+    ("RwkvModel", "_patch_rwkv_attention_as_scan_op", "input_ids"),
+    ("ParakeetForRNNT", "_patch_lstm_as_scan_op", "decoder_input_ids"),  # its prediction network
 ])  # fmt: skip
-def test_recurrences_over_time_keep_a_symbolic_length_as_scan_ops(name, workaround):
+def test_recurrences_over_time_keep_a_symbolic_length_as_scan_ops(name, workaround, text):
     fixed = _fixed_axes_with_and_without(name, [workaround])
-    assert "input_ids axis 1 = 7 (second set: 5)" in fixed[workaround]
+    assert f"{text} axis 1 = 7 (second set: 5)" in fixed[workaround]
+
+
+def test_lstm_as_scan_ops_is_the_lstm_in_both_directions_of_every_layer():
+    lstm = torch.nn.LSTM(6, 5, num_layers=2, bidirectional=True, batch_first=True).eval()
+    length = torch.export.Dim("length", min=2, max=64)
+    exporter, config = exporters.exporter_for("dynamo", dynamic=True, dynamic_shapes={"input": {1: length}})
+    exported = exporter.export(lstm, {"input": torch.randn(2, 7, 6)}, config)
+    assert "_patch_lstm_as_scan_op" in exported.applied
+    other = torch.randn(2, 11, 6)
+    with torch.no_grad():
+        output, (hidden, cell) = lstm(other)
+    got = list(exported(input=other).values())
+    for value, expected in zip(got, (output, hidden, cell)):
+        torch.testing.assert_close(value, expected, atol=1e-5, rtol=1e-5)
 
 
 def test_canine_keeps_a_symbolic_length_through_its_local_attention_and_mask_pooling():
