@@ -1357,6 +1357,24 @@ def _patch_lstm_as_scan_op(original):
     return forward
 
 
+@register_patch("dynamo", "transformers.models.funnel.modeling_funnel._relative_shift_gather")
+def _patch_funnel_relative_shift_indexed(_original):
+    """Funnel shifts its relative-position scores by reshaping the score matrix to another width and back, which
+    with a symbolic length asks the trace to prove divisibilities it cannot, so the program keeps only lengths like
+    the traced one. Each output element is one element of the flattened scores at an index that arithmetic gives:
+    the same scores, read with one gather."""
+
+    def _relative_shift_gather(positional_attn, context_len, shift):
+        batch_size, n_head, seq_len, max_rel_len = positional_attn.shape
+        rows = torch.arange(seq_len, device=positional_attn.device)[:, None]
+        columns = torch.arange(context_len, device=positional_attn.device)[None, :]
+        # where the reshape-drop-reshape lands element (row, column) in the flattened (seq_len, max_rel_len) scores
+        index = shift * seq_len + rows * (max_rel_len - shift) + columns
+        return positional_attn.reshape(batch_size, n_head, seq_len * max_rel_len)[:, :, index]
+
+    return _relative_shift_gather
+
+
 # Vision towers that pack several images into one sequence (Qwen-VL style, `cu_seqlens` marks where each image
 # starts) attend image by image: `torch.split(q, lengths.tolist())`, sizes read from tensor values, which torch.export
 # cannot trace. Their flash-attention branch hands `cu_seqlens` to the attention function instead, so for the trace

@@ -494,6 +494,28 @@ def test_lstm_as_scan_ops_is_the_lstm_in_both_directions_of_every_layer():
         torch.testing.assert_close(value, expected, atol=1e-5, rtol=1e-5)
 
 
+def test_funnel_relative_shift_as_a_gather_serves_every_length():
+    from transformers.models.funnel.modeling_funnel import _relative_shift_gather
+
+    from harness.cells import varying_axes
+    from exporters.exporter_dynamo import _patch_funnel_relative_shift_indexed
+
+    gathered = _patch_funnel_relative_shift_indexed(_relative_shift_gather)
+    for seq_len, context_len, shift in ((7, 7, 1), (4, 7, 2), (3, 5, 2)):  # full length, and after pooling
+        scores = torch.randn(2, 3, seq_len, 2 * context_len + shift - 1)
+        torch.testing.assert_close(gathered(scores, context_len, shift), _relative_shift_gather(scores, context_len, shift))
+
+    context = _built_by_the_sweep("FunnelModel")
+    first, second = context.inputs["A"], context.inputs["B"]
+    exporter, config = exporters.exporter_for("dynamo", dynamic=True, dynamic_shapes=varying_axes(first, second))
+    exported = exporter.export(context.model, first, config)
+    assert_parity(exported(**second), context.expected["B"], TOLERANCE["dynamo"])
+    with disabled_workarounds("_patch_funnel_relative_shift_indexed"):
+        reshaped = exporter.export(context.model, first, config)
+    with pytest.raises(Exception, match="Guard failed"):
+        reshaped(**second)
+
+
 def test_canine_keeps_a_symbolic_length_through_its_local_attention_and_mask_pooling():
     workarounds = ["_patch_canine_local_attention_masked", "_patch_max_pool1d_by_windows"]
     fixed = _fixed_axes_with_and_without("CanineModel", workarounds)
