@@ -793,6 +793,33 @@ def _patch_glm_image_placeholder_check_as_tensor(_original):
 
 @register_patch(
     "dynamo",
+    "transformers.models.voxtral.modeling_voxtral.VoxtralModel.get_placeholder_mask",
+    "transformers.models.inkling.modeling_inkling.InklingModel.get_placeholder_mask",
+    reports=True,
+)
+def _patch_placeholder_count_checked_by_sum(original):
+    """Voxtral and Inkling check their placeholders against their features by the size of a boolean selection:
+    with a symbolic batch, equating that data-dependent size with the features' size trips torch's range
+    bookkeeping ("not a subset of src_bound"). The count of placeholders times the width is that size: the same
+    check as a tensor condition, as in `_patch_hunyuan_vl_placeholder_check_as_tensor`."""
+
+    def get_placeholder_mask(self, input_ids, inputs_embeds, *args, **kwargs):
+        if input_ids is None:  # placeholders found by their embedding: no selection to size
+            return original(self, input_ids, inputs_embeds, *args, **kwargs)
+        report_applied()
+        # Voxtral's (audio_features) and Inkling's (features, token_id), by position or by name
+        features = kwargs.get("audio_features", kwargs.get("features", args[0] if args else None))
+        token = kwargs.get("token_id", args[1] if len(args) > 1 else self.config.audio_token_id)
+        mask = input_ids == token
+        torch._check_tensor_all(mask.sum() * inputs_embeds.shape[-1] == features.numel(),
+                                lambda: "Multimodal features and placeholder tokens do not match")
+        return mask.unsqueeze(-1).expand_as(inputs_embeds)
+
+    return get_placeholder_mask
+
+
+@register_patch(
+    "dynamo",
     "transformers.models.encodec.modeling_encodec.EncodecConv1d.forward",
     "transformers.models.mimi.modeling_mimi.MimiConv1d.forward",
     "transformers.models.pocket_tts_audio_tokenizer.modeling_pocket_tts_audio_tokenizer"

@@ -516,6 +516,21 @@ def test_funnel_relative_shift_as_a_gather_serves_every_length():
         reshaped(**second)
 
 
+@pytest.mark.parametrize("name", ["VoxtralModel", "InklingModel"])
+def test_placeholder_checks_by_count_export_with_a_symbolic_batch(name):
+    from harness.cells import varying_axes
+
+    context = _built_by_the_sweep(name)
+    first, second = context.inputs["A"], context.inputs["B"]
+    exporter, config = exporters.exporter_for("dynamo", dynamic=True, dynamic_shapes=varying_axes(first, second))
+    exported = exporter.export(context.model, first, config)
+    assert "_patch_placeholder_count_checked_by_sum" in exported.applied
+    assert_parity(exported(**second), context.expected["B"], TOLERANCE["dynamo"])
+    with disabled_workarounds("_patch_placeholder_count_checked_by_sum"):
+        with pytest.raises(exporters.ExportError, match="not a subset of src_bound"):
+            exporter.export(context.model, first, config)
+
+
 def test_canine_keeps_a_symbolic_length_through_its_local_attention_and_mask_pooling():
     workarounds = ["_patch_canine_local_attention_masked", "_patch_max_pool1d_by_windows"]
     fixed = _fixed_axes_with_and_without("CanineModel", workarounds)
