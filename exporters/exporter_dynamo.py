@@ -34,6 +34,7 @@ from .exported import Exported, build_metadata
 from .utils import (
     DynamoExportError,
     StageLog,
+    applied_reporter,
     apply_patches,
     named_leaves,
     register_patch,
@@ -283,6 +284,39 @@ def _patch_pad_sequence_to_symbolic_longest(original):
         return torch.stack(padded, dim=0 if batch_first else 1)
 
     return pad_sequence
+
+
+@register_patch("dynamo", "transformers.modeling_utils.AttentionInterface.get_interface", reports=True)
+def _patch_sdpa_skips_a_future_only_mask_as_eager_does(original):
+    """Without padding, eager drops the causal mask and SDPA follows the attention module's own `is_causal`. Models
+    whose modules are not causal but whose masks are (PaliGemma's ColPali, Aimv2's text tower, Phi-4's vision
+    tower) then attend everywhere in eager; under export the mask cannot be checked for padding, so it is kept and
+    the program attends causally. For such a module, a mask that hides the future and nothing else is read as no
+    mask, chosen inside the program: eager's numbers, with padding or without."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    as_eager_reads = {}  # one reading per mask: every layer gets the same mask object
+
+    def sdpa_like_eager(report, module, query, key, value, attention_mask, *args, **kwargs):
+        module_is_causal = kwargs.get("is_causal")
+        module_is_causal = getattr(module, "is_causal", True) if module_is_causal is None else module_is_causal
+        square = attention_mask is not None and attention_mask.dtype == torch.bool and query.shape[2] == key.shape[2]
+        if module_is_causal or not square or attention_mask.shape[-2] != attention_mask.shape[-1]:
+            return sdpa_attention_forward(module, query, key, value, attention_mask, *args, **kwargs)
+        report()
+        if id(attention_mask) not in as_eager_reads:
+            future_hidden = torch.ones(attention_mask.shape[-2:], dtype=torch.bool, device=attention_mask.device)
+            only_future = (attention_mask == future_hidden.tril()).all()
+            as_eager_reads[id(attention_mask)] = (attention_mask, attention_mask | only_future)  # keeps the id's owner
+        return sdpa_attention_forward(module, query, key, value, as_eager_reads[id(attention_mask)][1], *args, **kwargs)
+
+    def get_interface(self, attn_implementation, default):
+        found = original(self, attn_implementation, default)
+        if found is not sdpa_attention_forward:
+            return found
+        return functools.partial(sdpa_like_eager, applied_reporter())  # it runs after this call returns
+
+    return get_interface
 
 
 @register_patch("dynamo", "transformers.masking_utils._vmap_expansion_sdpa")

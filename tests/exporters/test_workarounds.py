@@ -531,6 +531,21 @@ def test_placeholder_checks_by_count_export_with_a_symbolic_batch(name):
             exporter.export(context.model, first, config)
 
 
+def test_a_causal_mask_without_padding_is_skipped_as_eager_skips_it_for_a_module_that_is_not_causal():
+    context = _built_by_the_sweep("Aimv2TextModel")  # non-causal attention modules, causal masks
+    inputs = context.inputs["A"]
+    exported = _export(context, "dynamo")
+    assert "_patch_sdpa_skips_a_future_only_mask_as_eager_does" in exported.applied
+    assert_parity(exported(**inputs), context.expected["A"], TOLERANCE["dynamo"])  # no padding: eager has no mask
+    padded = dict(inputs, attention_mask=inputs["attention_mask"].clone())
+    padded["attention_mask"][0, -2:] = 0  # with padding eager keeps the causal mask: so does the program
+    assert_parity(exported(**padded), context._forward(padded), TOLERANCE["dynamo"])
+    with disabled_workarounds("_patch_sdpa_skips_a_future_only_mask_as_eager_does"):
+        causal = _export(context, "dynamo")
+    with pytest.raises(AssertionError):
+        assert_parity(causal(**inputs), context.expected["A"], TOLERANCE["dynamo"])
+
+
 def test_canine_keeps_a_symbolic_length_through_its_local_attention_and_mask_pooling():
     workarounds = ["_patch_canine_local_attention_masked", "_patch_max_pool1d_by_windows"]
     fixed = _fixed_axes_with_and_without("CanineModel", workarounds)
