@@ -477,13 +477,15 @@ def _apply_overrides(values: dict, overrides: dict) -> None:
 def tiny_config(model_class):
     """The tiny config of a ``ModelClass``: its config class' defaults, shrunk, then its model type's
     ``TINY_OVERRIDES`` row."""
-    if model_class.name in BUILT_FROM:
-        config_class = getattr(importlib.import_module("transformers"), BUILT_FROM[model_class.name])
+    built_from = BUILT_FROM.get(model_class.name)
+    if built_from:
+        config_class = getattr(importlib.import_module("transformers"), built_from)
     else:
         config_class = getattr(model_class.load(), "config_class", None) or model_class.config_class()
-    # the row of the config class built too, when a class of one model type takes another's (a text-only head)
+    # the row of the config class built too, when a class of one model type takes another's (a text-only head); a
+    # class built from a sub-config takes that config's row alone (its own type's row is the composite's)
     overrides = {**TINY_OVERRIDES.get(getattr(config_class, "model_type", ""), {}),
-                 **TINY_OVERRIDES.get(model_class.model_type, {})}
+                 **({} if built_from else TINY_OVERRIDES.get(model_class.model_type, {}))}
     fields = _init_fields(config_class)
     # what the class' name says about the config it needs
     if "is_decoder" in fields and model_class.name.endswith(("ForCausalLM", "LMHeadModel", "WithLMHead")):
