@@ -289,8 +289,8 @@ def _patch_pad_sequence_to_symbolic_longest(original):
 @register_patch("dynamo", "transformers.modeling_utils.AttentionInterface.get_interface", reports=True)
 def _patch_sdpa_skips_a_future_only_mask_as_eager_does(original):
     """Without padding, eager drops the causal mask and SDPA follows the attention module's own `is_causal`. Models
-    whose modules are not causal but whose masks are (PaliGemma's ColPali, Aimv2's text tower, Phi-4's vision
-    tower) then attend everywhere in eager; under export the mask cannot be checked for padding, so it is kept and
+    whose modules are not causal but whose masks are (ColPali's PaliGemma, Aimv2's text tower) then attend
+    everywhere in eager; under export the mask cannot be checked for padding, so it is kept and
     the program attends causally. For such a module, a mask that hides the future and nothing else is read as no
     mask, chosen inside the program: eager's numbers, with padding or without."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -1287,7 +1287,8 @@ def _patch_selective_scan_as_scan_op(original):
             dt = torch.nn.functional.softplus(dt)
         # per time step (axis 0): the state's decay, its update, and the readout of the state
         decay = torch.exp(A[None, :, None, :] * dt[:, :, :, None]).movedim(2, 0)
-        update = (dt[:, :, :, None] * B.transpose(1, 2)[:, None].float() * hidden_states[:, :, :, None].float()).movedim(2, 0)
+        update = dt[:, :, :, None] * B.transpose(1, 2)[:, None].float() * hidden_states[:, :, :, None].float()
+        update = update.movedim(2, 0)
         readout = C.movedim(2, 0)  # B and C come as (batch, state, time)
 
         def step(state, inputs):

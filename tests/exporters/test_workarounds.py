@@ -503,7 +503,8 @@ def test_funnel_relative_shift_as_a_gather_serves_every_length():
     gathered = _patch_funnel_relative_shift_indexed(_relative_shift_gather)
     for seq_len, context_len, shift in ((7, 7, 1), (4, 7, 2), (3, 5, 2)):  # full length, and after pooling
         scores = torch.randn(2, 3, seq_len, 2 * context_len + shift - 1)
-        torch.testing.assert_close(gathered(scores, context_len, shift), _relative_shift_gather(scores, context_len, shift))
+        expected = _relative_shift_gather(scores, context_len, shift)
+        torch.testing.assert_close(gathered(scores, context_len, shift), expected)
 
     context = _built_by_the_sweep("FunnelModel")
     first, second = context.inputs["A"], context.inputs["B"]
