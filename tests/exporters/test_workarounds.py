@@ -445,10 +445,10 @@ def test_a_model_class_exports_with_its_workaround_and_fails_without(name, backe
         _export(context, backend)
 
 
-def _fixed_axes_with_and_without(name, workarounds):
-    """Export ``name`` on the sweep's varying axes: the program must run the second input set like eager, and with
-    each workaround disabled fix some of those axes. Returns the axes each one's absence fixed."""
-    from harness.cells import specialized_axes, varying_axes
+def _exported_on_the_varying_axes(name, workarounds):
+    """``name`` as the sweep builds it and its dynamic export on the axes the two input sets vary, with
+    ``workarounds`` applied and the second set run like eager; ``export()`` exports it again."""
+    from harness.cells import varying_axes
 
     context = _built_by_the_sweep(name)
     first, second = context.inputs["A"], context.inputs["B"]
@@ -456,10 +456,19 @@ def _fixed_axes_with_and_without(name, workarounds):
     exported = exporter.export(context.model, first, config)
     assert set(workarounds) <= set(exported.applied)
     assert_parity(exported(**second), context.expected["B"], TOLERANCE["dynamo"])
+    return context, lambda: exporter.export(context.model, first, config)
+
+
+def _fixed_axes_with_and_without(name, workarounds):
+    """With each workaround disabled the export fixes some of the axes the sweep varies: which, per workaround."""
+    from harness.cells import specialized_axes
+
+    context, export = _exported_on_the_varying_axes(name, workarounds)
+    first, second = context.inputs["A"], context.inputs["B"]
     fixed = {}
     for workaround in workarounds:
         with disabled_workarounds(workaround):
-            program = exporter.export(context.model, first, config)
+            program = export()
         fixed[workaround] = specialized_axes(program.metadata["input_shapes"], first, second)
     return fixed
 
@@ -497,7 +506,6 @@ def test_lstm_as_scan_ops_is_the_lstm_in_both_directions_of_every_layer():
 def test_funnel_relative_shift_as_a_gather_serves_every_length():
     from transformers.models.funnel.modeling_funnel import _relative_shift_gather
 
-    from harness.cells import varying_axes
     from exporters.exporter_dynamo import _patch_funnel_relative_shift_indexed
 
     gathered = _patch_funnel_relative_shift_indexed(_relative_shift_gather)
@@ -506,30 +514,19 @@ def test_funnel_relative_shift_as_a_gather_serves_every_length():
         expected = _relative_shift_gather(scores, context_len, shift)
         torch.testing.assert_close(gathered(scores, context_len, shift), expected)
 
-    context = _built_by_the_sweep("FunnelModel")
-    first, second = context.inputs["A"], context.inputs["B"]
-    exporter, config = exporters.exporter_for("dynamo", dynamic=True, dynamic_shapes=varying_axes(first, second))
-    exported = exporter.export(context.model, first, config)
-    assert_parity(exported(**second), context.expected["B"], TOLERANCE["dynamo"])
+    context, export = _exported_on_the_varying_axes("FunnelModel", ["_patch_funnel_relative_shift_indexed"])
     with disabled_workarounds("_patch_funnel_relative_shift_indexed"):
-        reshaped = exporter.export(context.model, first, config)
+        reshaped = export()
     with pytest.raises(Exception, match="Guard failed"):
-        reshaped(**second)
+        reshaped(**context.inputs["B"])
 
 
 @pytest.mark.parametrize("name", ["VoxtralModel", "InklingModel"])
 def test_placeholder_checks_by_count_export_with_a_symbolic_batch(name):
-    from harness.cells import varying_axes
-
-    context = _built_by_the_sweep(name)
-    first, second = context.inputs["A"], context.inputs["B"]
-    exporter, config = exporters.exporter_for("dynamo", dynamic=True, dynamic_shapes=varying_axes(first, second))
-    exported = exporter.export(context.model, first, config)
-    assert "_patch_placeholder_count_checked_by_sum" in exported.applied
-    assert_parity(exported(**second), context.expected["B"], TOLERANCE["dynamo"])
+    _context, export = _exported_on_the_varying_axes(name, ["_patch_placeholder_count_checked_by_sum"])
     with disabled_workarounds("_patch_placeholder_count_checked_by_sum"):
         with pytest.raises(exporters.ExportError, match="not a subset of src_bound"):
-            exporter.export(context.model, first, config)
+            export()
 
 
 def test_a_causal_mask_without_padding_is_skipped_as_eager_skips_it_for_a_module_that_is_not_causal():
