@@ -1250,9 +1250,8 @@ def _patch_max_pool1d_by_windows(original):
         kernel = first(kernel_size)
         stride = kernel if stride is None or stride == [] else first(stride)
         tiled = stride == kernel and first(padding) == 0 and first(options.get("dilation", 1)) == 1
-        if not tiled or options.get("ceil_mode") or options.get("return_indices"):
-            return original(input, kernel_size, stride, padding, *args, **kwargs)
-        if not isinstance(input.shape[-1], torch.SymInt):
+        tiled = tiled and not options.get("ceil_mode") and not options.get("return_indices")
+        if not tiled or not isinstance(input.shape[-1], torch.SymInt):
             return original(input, kernel_size, stride, padding, *args, **kwargs)
         report_applied()
         windows = input.shape[-1] // kernel
@@ -1272,7 +1271,7 @@ def _patch_max_pool1d_by_windows(original):
 def _patch_selective_scan_as_scan_op(original):
     """Without their CUDA kernels, Mamba's selective scans loop over the time steps in Python: a symbolic sequence
     length cannot drive that loop, so the export fixes it. torch's `scan` operator carries the state through the
-    same steps in the same order, for any length (torch.onnx lowers it to a Scan). A fixed length keeps the loop."""
+    same steps in the same order, for any length. A fixed length keeps the loop."""
     from torch._higher_order_ops.scan import scan
 
     def mamba_selective_scan(hidden_states, dt, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
