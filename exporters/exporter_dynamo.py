@@ -255,10 +255,11 @@ def _patch_len_of_tensor_symbolic(original):
     its first size, which stays symbolic."""
 
     def length(value):
-        if isinstance(value, torch.Tensor) and value.dim():
+        if not isinstance(value, torch.Tensor) or not value.dim():
+            return original(value)
+        if isinstance(value.shape[0], torch.SymInt):  # a fixed size is what `len` answers anyway
             report_applied()
-            return value.shape[0]
-        return original(value)
+        return value.shape[0]
 
     return length
 
@@ -290,9 +291,9 @@ def _patch_pad_sequence_to_symbolic_longest(original):
 def _patch_sdpa_skips_a_future_only_mask_as_eager_does(original):
     """Without padding, eager drops the causal mask and SDPA follows the attention module's own `is_causal`. Models
     whose modules are not causal but whose masks are (ColPali's PaliGemma, Aimv2's text tower) then attend
-    everywhere in eager; under export the mask cannot be checked for padding, so it is kept and
-    the program attends causally. For such a module, a mask that hides the future and nothing else is read as no
-    mask, chosen inside the program: eager's numbers, with padding or without."""
+    everywhere in eager; under export the mask cannot be checked for padding, so it is kept and the program attends
+    causally. For such a module, a mask that hides the future and nothing else is read as no mask, chosen inside the
+    program: eager's numbers, with padding or without."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     as_eager_reads = {}  # one reading per mask: every layer gets the same mask object
@@ -1370,7 +1371,7 @@ def _patch_rwkv_attention_as_scan_op(original):
 @register_patch("dynamo", "torch.nn.LSTM.forward", reports=True)
 def _patch_lstm_as_scan_op(original):
     """`nn.LSTM` traces as one `aten.lstm` op whose shape rule fixes the sequence length (Parakeet's and Nemotron's
-    transducer decoders, EnCodec's LSTM). For a symbolic length each layer and direction is a `scan` over the time
+    transducer decoders). For a symbolic length each layer and direction is a `scan` over the time
     steps (see `_patch_selective_scan_as_scan_op`), with the input projection of every step done at once: the same
     gates, cell and hidden states. Packed sequences, projections and training-time dropout keep the op."""
     from torch._higher_order_ops.scan import scan
