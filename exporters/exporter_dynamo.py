@@ -22,6 +22,7 @@ import inspect
 import json
 import math
 import statistics
+import sys
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -262,6 +263,70 @@ def _patch_len_of_tensor_symbolic(original):
         return value.shape[0]
 
     return length
+
+
+class _WholeSplit:
+    """Split sizes read from a tensor of symbolic length: a split by them is taken whole."""
+
+    def __init__(self, sizes: torch.Tensor):
+        self.sizes = sizes
+
+    def __iter__(self):
+        raise TypeError("per-image split sizes were kept symbolic for the export; only a split can take them")
+
+
+@contextmanager
+def _split_taken_whole(caller):
+    """While it lasts, ``tensor.tolist()`` called by ``caller``'s own code on a 1-D tensor of symbolic length gives a
+    `_WholeSplit`, and a split by it gives the tensor whole, as a one-part tuple."""
+    from torch._subclasses.fake_tensor import FakeTensor  # the trace's tensors, with a `tolist` of their own
+
+    caller_code = inspect.unwrap(caller).__code__
+    tolists = {cls: vars(cls).get("tolist", torch.Tensor.tolist) for cls in (torch.Tensor, FakeTensor)}
+    split = torch.Tensor.split
+
+    def deferred_tolist(self):
+        if sys._getframe(1).f_code is caller_code and self.dim() == 1 and isinstance(self.shape[0], torch.SymInt):
+            report_applied()
+            return _WholeSplit(self)
+        return tolists[FakeTensor if isinstance(self, FakeTensor) else torch.Tensor](self)
+
+    def whole_split(self, split_size, dim=0):
+        return (self,) if isinstance(split_size, _WholeSplit) else split(self, split_size, dim)
+
+    for cls in tolists:
+        cls.tolist = deferred_tolist
+    torch.Tensor.split = whole_split
+    try:
+        yield
+    finally:
+        for cls, tolist in tolists.items():
+            cls.tolist = tolist
+        torch.Tensor.split = split
+
+
+@register_patch(
+    "dynamo",
+    *(f"transformers.models.{module}.modeling_{module}.{model}.get_image_features" for module, model in (
+        ("qwen2_vl", "Qwen2VLModel"), ("qwen2_5_vl", "Qwen2_5_VLModel"), ("qwen3_vl", "Qwen3VLModel"),
+        ("qwen3_vl_moe", "Qwen3VLMoeModel"), ("qwen3_5", "Qwen3_5Model"), ("qwen3_5_moe", "Qwen3_5MoeModel"),
+        ("qwen4_exp", "Qwen4ExpModel"), ("glm4v", "Glm4vModel"), ("glm4v_moe", "Glm4vMoeModel"),
+        ("glm46v", "Glm46VModel"), ("glm5_next", "Glm5NextModel"), ("glm_ocr", "GlmOcrModel"),
+        ("exaone4_5", "Exaone4_5_Model"), ("cohere_compass", "CohereCompassModel"),
+        ("cosmos3_omni", "Cosmos3OmniModel"), ("dots3_note", "Dots3NoteModel"),
+        ("hyperclovax_vision_v2", "HyperCLOVAXVisionV2Model"))),
+    reports=True,
+)
+def _patch_image_features_split_kept_whole(original):
+    """Qwen-VL-style models split their packed image features into one tensor per image by sizes read from the
+    grid (`.tolist()`), and their forward concatenates the parts again. A Python list needs a length, so the
+    image count was fixed. With that count symbolic, the split is taken whole: the same concatenation."""
+
+    def get_image_features(self, *args, **kwargs):
+        with _split_taken_whole(original):
+            return original(self, *args, **kwargs)
+
+    return get_image_features
 
 
 @register_patch("dynamo", "torch.nn.utils.rnn.pad_sequence", reports=True)

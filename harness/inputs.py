@@ -273,7 +273,8 @@ def _audio_features(context: Context, config, bins: int | None) -> torch.Tensor:
                 values = values[..., : 2 * positions].clone()
             elif values.dim() == 4 and getattr(config, "enable_fusion", None) is False:
                 values = values[:, :1].clone()  # CLAP: a short clip's fused views are four copies of its one mel
-            return values.float()
+            # some extractors hand back a view of their padded buffer, whose strides a trace would take for the input's
+            return values.float().contiguous()
     reader = _first_layer(context.model)
     if isinstance(reader, torch.nn.Linear):  # stacked frames into a linear layer (Granite Speech): frames first
         context.frame_axis = 1
@@ -995,24 +996,42 @@ def _vision_precomputed(model, inputs: dict) -> None:
     fixes, or a length ExecuTorch has no kernel for. Their `get_vision_*` helpers (transformers' `vision_utils`, or
     the model's own) take the result precomputed under a kwarg, as a runner computes it beside the processor: one
     eager call records what the model computes for these inputs, and the inputs feed it. Not a helper called twice
-    (a tower run on images and on videos), nor, to a composite model, a name its language model reads too: it hands
-    its kwargs to both halves, and text layers would take `cu_seqlens` for packed sequences."""
+    (a tower run on images and on videos). A composite model hands its kwargs to both halves, and text layers would
+    take `cu_seqlens` for packed sequences: a name its language model reads too is fed under the ``image_`` prefix
+    its image features strip, or not at all."""
     if not any(p.kind is p.VAR_KEYWORD for p in inspect.signature(model.forward).parameters.values()):
         return
     helpers = _vision_helpers(model)
     if not helpers:
         return
     tower_alone = not any(getattr(model.config, part, None) is not None for part in ("text_config", "vision_config"))
+    shared_prefix = "" if tower_alone else "image_" if _image_features_take_prefixed_kwargs(model) else None
     calls: dict[Callable, list] = {helper: [] for helper in helpers}
     with _recording(helpers, calls), torch.no_grad():
         model(**inputs)
     for helper, results in calls.items():
         keys = helpers[helper][1]
-        if len(results) != 1 or any(key in inputs or (not tower_alone and key in _TEXT_KWARGS) for key in keys):
+        if shared_prefix is None and any(key in _TEXT_KWARGS for key in keys):
+            continue
+        keys = tuple(shared_prefix + key if key in _TEXT_KWARGS else key for key in keys)
+        if len(results) != 1 or any(key in inputs for key in keys):
             continue
         values = results[0] if len(keys) > 1 else (results[0],)
         if len(values) == len(keys) and all(isinstance(value, torch.Tensor) for value in values):
             inputs.update(zip(keys, values))
+
+
+def _image_features_take_prefixed_kwargs(model) -> bool:
+    """Whether the model's `get_image_features` takes precomputed tower kwargs under an ``image_`` prefix
+    (transformers' `accepts_precomputed_kwargs`), so that the language model, handed the same kwargs, ignores them."""
+    from transformers.utils.generic import accepts_precomputed_kwargs
+
+    for module in model.modules():
+        method = getattr(type(module), "get_image_features", None)
+        code = getattr(method, "__code__", None)
+        if code is not None and code.co_qualname.startswith(accepts_precomputed_kwargs.__qualname__ + "."):
+            return inspect.getclosurevars(method).nonlocals.get("prefix") == "image_"
+    return False
 
 
 _TEXT_KWARGS = {"cu_seqlens", "position_ids"}

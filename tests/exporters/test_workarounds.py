@@ -372,7 +372,8 @@ def test_packed_attention_under_a_data_dependent_length_exports():
 
 @pytest.mark.parametrize("name, size_input, backend, error", [
     ("LlavaNextForConditionalGeneration", "image_sizes", "onnx", "data-dependent"),  # picks its tiles by them
-    ("Qwen2VLForConditionalGeneration", "image_grid_thw", "executorch", "finite upper bound"),  # sizes per image
+    # its projector reshapes each image by its grid (Qwen2-VL, fed its tower's helpers, no longer reads it as sizes)
+    ("PaddleOCRVLForConditionalGeneration", "image_grid_thw", "executorch", "finite upper bound"),
     # chunks its audio frames by the number the mask marks real
     ("Qwen2_5OmniThinkerForConditionalGeneration", "feature_attention_mask", "dynamo", "data-dependent"),
     ("GlmImageModel", "images_per_sample", "dynamo", "data-dependent"),  # splits its grids per sample by them
@@ -519,6 +520,12 @@ def test_funnel_relative_shift_as_a_gather_serves_every_length():
         reshaped = export()
     with pytest.raises(Exception, match="Guard failed"):
         reshaped(**context.inputs["B"])
+
+
+def test_qwen_vl_image_count_stays_symbolic_where_features_are_split_per_image():
+    # Qwen3-VL splits its deepstack features per image too
+    fixed = _fixed_axes_with_and_without("Qwen3VLModel", ["_patch_image_features_split_kept_whole"])
+    assert fixed == {"_patch_image_features_split_kept_whole": ["image_grid_thw axis 0 = 2 (second set: 3)"]}
 
 
 @pytest.mark.parametrize("name", ["VoxtralModel", "InklingModel"])

@@ -323,7 +323,8 @@ def test_multimodal_rotary_positions_are_fed_as_the_model_computes_them(name):
     ("Qwen2_5_VisionTransformerPretrainedModel", {"cu_seqlens", "position_ids", "window_index", "cu_window_seqlens"}),
     ("Kimi_K25VisionModel", {"cu_seqlens", "position_ids", "interp_indices", "frame_index", "temporal_merge_index"}),
     ("MiniCPMV4_7VisionModel", {"position_ids", "window_index", "cu_window_seqlens"}),  # grid from target_sizes
-    ("Qwen2_5_VLModel", {"window_index", "cu_window_seqlens"}),  # its language model reads the rest as text's
+    # its language model reads `cu_seqlens` and `position_ids` too: those go under the prefix its image features strip
+    ("Qwen2_5_VLModel", {"window_index", "cu_window_seqlens", "image_cu_seqlens", "image_position_ids"}),
     ("Qwen3ASREncoder", {"cu_seqlens"}),  # its attention windows over the frames the mask leaves
 ])
 def test_vision_grid_helpers_are_fed_as_the_model_computes_them(name, precomputed):
