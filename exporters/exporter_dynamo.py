@@ -314,13 +314,16 @@ def _split_taken_whole(caller):
         ("glm46v", "Glm46VModel"), ("glm5_next", "Glm5NextModel"), ("glm_ocr", "GlmOcrModel"),
         ("exaone4_5", "Exaone4_5_Model"), ("cohere_compass", "CohereCompassModel"),
         ("cosmos3_omni", "Cosmos3OmniModel"), ("dots3_note", "Dots3NoteModel"),
-        ("hyperclovax_vision_v2", "HyperCLOVAXVisionV2Model"))),
+        ("hyperclovax_vision_v2", "HyperCLOVAXVisionV2Model"), ("idefics2", "Idefics2Model"),
+        ("idefics3", "Idefics3Model"), ("granite_docling", "GraniteDoclingModel"),
+        ("modernvbert", "ModernVBertModel"), ("ultravbert", "UltraVBertModel"))),
     reports=True,
 )
 def _patch_image_features_split_kept_whole(original):
     """Qwen-VL-style models split their packed image features into one tensor per image by sizes read from the
-    grid (`.tolist()`), and their forward concatenates the parts again. A Python list needs a length, so the
-    image count was fixed. With that count symbolic, the split is taken whole: the same concatenation."""
+    grid (`.tolist()`), Idefics-style ones per sample by its count of real images, and their forward concatenates
+    the parts again. A Python list needs a length, so the image count (the batch) was fixed. With that count
+    symbolic, the split is taken whole: the same concatenation."""
 
     def get_image_features(self, *args, **kwargs):
         with _split_taken_whole(original):

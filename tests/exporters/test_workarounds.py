@@ -522,10 +522,14 @@ def test_funnel_relative_shift_as_a_gather_serves_every_length():
         reshaped(**context.inputs["B"])
 
 
-def test_qwen_vl_image_count_stays_symbolic_where_features_are_split_per_image():
-    # Qwen3-VL splits its deepstack features per image too
-    fixed = _fixed_axes_with_and_without("Qwen3VLModel", ["_patch_image_features_split_kept_whole"])
-    assert fixed == {"_patch_image_features_split_kept_whole": ["image_grid_thw axis 0 = 2 (second set: 3)"]}
+@pytest.mark.parametrize("name, count_inputs", [
+    ("Qwen3VLModel", ["image_grid_thw"]),  # per image, its deepstack features too
+    ("Idefics3Model", ["pixel_values", "pixel_attention_mask"]),  # per sample
+])  # fmt: skip
+def test_the_image_count_stays_symbolic_where_features_are_split_per_image(name, count_inputs):
+    fixed = _fixed_axes_with_and_without(name, ["_patch_image_features_split_kept_whole"])
+    assert sorted(fixed["_patch_image_features_split_kept_whole"]) == [
+        f"{count_input} axis 0 = 2 (second set: 3)" for count_input in sorted(count_inputs)]
 
 
 @pytest.mark.parametrize("name", ["VoxtralModel", "InklingModel"])
