@@ -332,6 +332,35 @@ def _patch_image_features_split_kept_whole(original):
     return get_image_features
 
 
+@register_patch(
+    "dynamo",
+    "transformers.models.sew.modeling_sew.SEWEncoder.forward",
+    "transformers.models.sew_d.modeling_sew_d.SEWDEncoder.forward",
+    reports=True,
+)
+def _patch_sew_upsampled_to_its_input_length(original):
+    """SEW pools its frames by the squeeze factor and upsamples them back, then pads the one frame an odd count
+    lost, *if* one was lost: a branch on the length's parity, which fixed the length. Padding the upsampled frames
+    to the input's length, by zero frames or more, is the same tensor and no branch."""
+
+    def forward(self, hidden_states, *args, **kwargs):
+        length = hidden_states.shape[1]
+        if not isinstance(length, torch.SymInt):
+            return original(self, hidden_states, *args, **kwargs)
+        report_applied()
+
+        def to_input_length(_module, _inputs, upsampled):
+            return torch.nn.functional.pad(upsampled, (0, 0, 0, length - upsampled.shape[1]))
+
+        hook = self.upsample.register_forward_hook(to_input_length)
+        try:
+            return original(self, hidden_states, *args, **kwargs)
+        finally:
+            hook.remove()
+
+    return forward
+
+
 @register_patch("dynamo", "torch.nn.utils.rnn.pad_sequence", reports=True)
 def _patch_pad_sequence_to_symbolic_longest(original):
     """Sequences whose lengths are read from data (Qwen-Omni's audio chunks, SeamlessM4T's vocoder units) are padded

@@ -532,6 +532,15 @@ def test_the_image_count_stays_symbolic_where_features_are_split_per_image(name,
         f"{count_input} axis 0 = 2 (second set: 3)" for count_input in sorted(count_inputs)]
 
 
+@pytest.mark.parametrize("name", ["SEWModel", "SEWDModel"])
+def test_sew_keeps_a_symbolic_length_whatever_its_parity(name):
+    context, export = _exported_on_the_varying_axes(name, ["_patch_sew_upsampled_to_its_input_length"])
+    with disabled_workarounds("_patch_sew_upsampled_to_its_input_length"):
+        branched = export()
+    with pytest.raises(Exception, match="Guard failed: .*input_values"):
+        branched(**context.inputs["B"])
+
+
 @pytest.mark.parametrize("name", ["VoxtralModel", "InklingModel"])
 def test_placeholder_checks_by_count_export_with_a_symbolic_batch(name):
     _context, export = _exported_on_the_varying_axes(name, ["_patch_placeholder_count_checked_by_sum"])
