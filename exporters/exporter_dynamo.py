@@ -361,6 +361,21 @@ def _patch_sew_upsampled_to_its_input_length(original):
     return forward
 
 
+@register_patch("dynamo", "transformers.models.csm.modeling_csm.CsmCodebooksHead.forward", reports=True)
+def _patch_csm_codebook_heads_as_one_product(original):
+    """CSM's depth decoder gives each position its own codebook head, one matrix product per position in a Python
+    loop over the length, which fixed the length. One batched product over the positions is the same."""
+
+    def forward(self, hidden_states, codebook_indices=None):
+        if not isinstance(hidden_states.shape[1], torch.SymInt):
+            return original(self, hidden_states, codebook_indices)
+        report_applied()
+        weights = self.weight[codebook_indices - 1]  # (positions, hidden, vocabulary); the first is the backbone's
+        return torch.einsum("bph,phv->bpv", hidden_states, weights)
+
+    return forward
+
+
 @register_patch("dynamo", "torch.nn.utils.rnn.pad_sequence", reports=True)
 def _patch_pad_sequence_to_symbolic_longest(original):
     """Sequences whose lengths are read from data (Qwen-Omni's audio chunks, SeamlessM4T's vocoder units) are padded

@@ -532,6 +532,11 @@ def test_the_image_count_stays_symbolic_where_features_are_split_per_image(name,
         f"{count_input} axis 0 = 2 (second set: 3)" for count_input in sorted(count_inputs)]
 
 
+def test_csm_depth_decoder_keeps_a_symbolic_length_under_its_per_position_heads():
+    fixed = _fixed_axes_with_and_without("CsmDepthDecoderForCausalLM", ["_patch_csm_codebook_heads_as_one_product"])
+    assert "input_ids axis 1 = 7 (second set: 5)" in fixed["_patch_csm_codebook_heads_as_one_product"]
+
+
 @pytest.mark.parametrize("name", ["SEWModel", "SEWDModel"])
 def test_sew_keeps_a_symbolic_length_whatever_its_parity(name):
     context, export = _exported_on_the_varying_axes(name, ["_patch_sew_upsampled_to_its_input_length"])
