@@ -376,6 +376,29 @@ def _patch_csm_codebook_heads_as_one_product(original):
     return forward
 
 
+@register_patch("dynamo", "transformers.models.cpmant.modeling_cpmant.CpmAntModel._prepare_attention_mask",
+                reports=True)
+def _patch_cpmant_padding_mask_by_arange(original):
+    """CPM-Ant marks its left padding against the distance of each position from the end, built as a Python list
+    of the text's length (`list(range(...))[::-1]`), which fixed the length. A descending `arange` is that list."""
+
+    def _prepare_attention_mask(self, input_ids, span, context, length):
+        batch, seqlen = input_ids.shape
+        if isinstance(seqlen, torch.SymInt):  # a fixed length makes the same list
+            report_applied()
+        positions = torch.arange(seqlen, device=input_ids.device)
+        causal = positions[None, :] <= positions[:, None]
+        mask = context[:, None, :] | (context[:, :, None].logical_not() & causal[None])
+        mask = mask & (span[:, None, :] == span[:, :, None])
+        text_length = seqlen - self.prompt_length
+        from_end = torch.arange(text_length - 1, -1, -1, device=input_ids.device)
+        kept = torch.cat((torch.ones(batch, self.prompt_length, dtype=torch.bool, device=input_ids.device),
+                          from_end[None, :] < length[:, None]), dim=1)  # the prompt, then the text past its padding
+        return kept[:, :, None] & kept[:, None, :] & mask
+
+    return _prepare_attention_mask
+
+
 @register_patch("dynamo", "torch.nn.utils.rnn.pad_sequence", reports=True)
 def _patch_pad_sequence_to_symbolic_longest(original):
     """Sequences whose lengths are read from data (Qwen-Omni's audio chunks, SeamlessM4T's vocoder units) are padded

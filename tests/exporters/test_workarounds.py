@@ -537,6 +537,24 @@ def test_csm_depth_decoder_keeps_a_symbolic_length_under_its_per_position_heads(
     assert "input_ids axis 1 = 7 (second set: 5)" in fixed["_patch_csm_codebook_heads_as_one_product"]
 
 
+def test_cpmant_padding_mask_by_arange_is_the_listed_one():
+    from transformers.models.cpmant.modeling_cpmant import CpmAntModel
+
+    from exporters.exporter_dynamo import _patch_cpmant_padding_mask_by_arange
+
+    model = _built_by_the_sweep("CpmAntModel").model
+    by_arange = _patch_cpmant_padding_mask_by_arange(CpmAntModel._prepare_attention_mask)
+    for seqlen in (model.prompt_length + 1, model.prompt_length + 6):
+        input_ids = torch.zeros(3, seqlen, dtype=torch.long)
+        context = torch.rand(3, seqlen) > 0.5
+        span = (torch.rand(3, seqlen) > 0.8).cumsum(-1)
+        length = torch.tensor([0, 1, seqlen - model.prompt_length])  # all padding, one real token, none
+        expected = CpmAntModel._prepare_attention_mask(model, input_ids, span, context, length)
+        assert torch.equal(by_arange(model, input_ids, span, context, length), expected)
+    fixed = _fixed_axes_with_and_without("CpmAntModel", ["_patch_cpmant_padding_mask_by_arange"])
+    assert "input_ids axis 1 = 7 (second set: 5)" in fixed["_patch_cpmant_padding_mask_by_arange"]
+
+
 @pytest.mark.parametrize("name", ["SEWModel", "SEWDModel"])
 def test_sew_keeps_a_symbolic_length_whatever_its_parity(name):
     context, export = _exported_on_the_varying_axes(name, ["_patch_sew_upsampled_to_its_input_length"])
