@@ -399,6 +399,28 @@ def _patch_cpmant_padding_mask_by_arange(original):
     return _prepare_attention_mask
 
 
+@register_patch(
+    "dynamo",
+    "transformers.models.moonshine.modeling_moonshine.MoonshinePreTrainedModel._get_feat_extract_output_lengths",
+    reports=True,
+)
+def _patch_moonshine_conv_lengths_floor_divided(original):
+    """Moonshine computes its convolutions' output length as `int((length - kernel) / stride + 1)`: a true division
+    truncated by `int()`, which a symbolic length can only answer by fixing the length. For every length its
+    convolutions accept that is the floor division."""
+
+    def _get_feat_extract_output_lengths(self, input_lengths):
+        if not isinstance(input_lengths, torch.SymInt):
+            return original(self, input_lengths)
+        report_applied()
+        length = input_lengths
+        for kernel, stride in ((127, 64), (7, 3), (3, 2)):
+            length = (length - kernel) // stride + 1
+        return length
+
+    return _get_feat_extract_output_lengths
+
+
 @register_patch("dynamo", "torch.nn.utils.rnn.pad_sequence", reports=True)
 def _patch_pad_sequence_to_symbolic_longest(original):
     """Sequences whose lengths are read from data (Qwen-Omni's audio chunks, SeamlessM4T's vocoder units) are padded
@@ -434,8 +456,9 @@ def _patch_sdpa_skips_a_future_only_mask_as_eager_does(original):
     as_eager_reads = {}  # one reading per mask: every layer gets the same mask object
 
     def sdpa_like_eager(report, module, query, key, value, attention_mask, *args, **kwargs):
-        module_is_causal = kwargs.get("is_causal")
-        module_is_causal = getattr(module, "is_causal", True) if module_is_causal is None else module_is_causal
+        # the module's own flag: an `is_causal` argument is often derived from the mask being there (Moonshine),
+        # which eager drops and the trace keeps
+        module_is_causal = getattr(module, "is_causal", True)
         square = attention_mask is not None and attention_mask.dtype == torch.bool and query.shape[2] == key.shape[2]
         if module_is_causal or not square or attention_mask.shape[-2] != attention_mask.shape[-1]:
             return sdpa_attention_forward(module, query, key, value, attention_mask, *args, **kwargs)

@@ -555,6 +555,15 @@ def test_cpmant_padding_mask_by_arange_is_the_listed_one():
     assert "input_ids axis 1 = 7 (second set: 5)" in fixed["_patch_cpmant_padding_mask_by_arange"]
 
 
+def test_moonshine_keeps_a_symbolic_audio_length_and_a_causal_decoder():
+    # its decoder passes `is_causal=False` whenever it is handed a mask: a causal module all the same
+    context, export = _exported_on_the_varying_axes("MoonshineModel", ["_patch_moonshine_conv_lengths_floor_divided"])
+    with disabled_workarounds("_patch_moonshine_conv_lengths_floor_divided"):
+        truncated = export()
+    with pytest.raises(Exception, match="Guard failed: .*attention_mask"):
+        truncated(**context.inputs["B"])
+
+
 @pytest.mark.parametrize("name", ["SEWModel", "SEWDModel"])
 def test_sew_keeps_a_symbolic_length_whatever_its_parity(name):
     context, export = _exported_on_the_varying_axes(name, ["_patch_sew_upsampled_to_its_input_length"])
