@@ -421,6 +421,38 @@ def _patch_moonshine_conv_lengths_floor_divided(original):
     return _get_feat_extract_output_lengths
 
 
+@register_patch(
+    "dynamo",
+    "transformers.models.patchtst.modeling_patchtst.forecast_masking",
+    "transformers.models.patchtsmixer.modeling_patchtsmixer.forecast_masking",
+    reports=True,
+)
+def _patch_forecast_masking_of_one_length(original):
+    """PatchTST's and PatchTSMixer's forecast masking hides the last patches of each sample, samples split into
+    groups by Python ints of the batch size, one group per masked length, then shuffled: that fixed the batch.
+    With one length (their default) every sample hides the same last patches, the grouping and the shuffle change
+    nothing, and the mask is one comparison with the positions."""
+
+    def forecast_masking(inputs, num_forecast_mask_patches, unmasked_channel_indices=None, mask_value=0):
+        lengths = [num_forecast_mask_patches] if isinstance(num_forecast_mask_patches, int) else num_forecast_mask_patches
+        if len(lengths) != 1:
+            return original(inputs, num_forecast_mask_patches, unmasked_channel_indices, mask_value)
+        if isinstance(inputs.shape[0], torch.SymInt):  # a fixed batch makes the same mask
+            report_applied()
+        batch_size, num_channels, sequence_length, num_features = inputs.shape
+        if not 0 < lengths[0] < sequence_length:
+            raise ValueError(f"num_forecast_mask_patches {lengths[0]} should be greater than 0 and less than total "
+                             "patches.")
+        last = torch.arange(sequence_length, device=inputs.device) >= sequence_length - lengths[0]
+        mask = last.expand(batch_size, num_channels, sequence_length).float()
+        if unmasked_channel_indices is not None:
+            mask = mask.clone()
+            mask[:, unmasked_channel_indices] = 0
+        return inputs.masked_fill(mask.bool().unsqueeze(-1), mask_value), mask
+
+    return forecast_masking
+
+
 @register_patch("dynamo", "torch.nn.utils.rnn.pad_sequence", reports=True)
 def _patch_pad_sequence_to_symbolic_longest(original):
     """Sequences whose lengths are read from data (Qwen-Omni's audio chunks, SeamlessM4T's vocoder units) are padded

@@ -564,6 +564,21 @@ def test_moonshine_keeps_a_symbolic_audio_length_and_a_causal_decoder():
         truncated(**context.inputs["B"])
 
 
+def test_forecast_masking_of_one_length_is_the_grouped_one():
+    from transformers.models.patchtst.modeling_patchtst import forecast_masking
+
+    from exporters.exporter_dynamo import _patch_forecast_masking_of_one_length
+
+    by_comparison = _patch_forecast_masking_of_one_length(forecast_masking)
+    inputs = torch.randn(5, 3, 8, 4)
+    for unmasked_channels in (None, [1]):
+        expected = forecast_masking(inputs, 3, unmasked_channels, mask_value=-1)
+        for actual, wanted in zip(by_comparison(inputs, [3], unmasked_channels, mask_value=-1), expected):
+            assert torch.equal(actual, wanted)
+    fixed = _fixed_axes_with_and_without("PatchTSTForPretraining", ["_patch_forecast_masking_of_one_length"])
+    assert fixed["_patch_forecast_masking_of_one_length"] == ["past_values axis 0 = 2 (second set: 3)"]
+
+
 @pytest.mark.parametrize("name", ["SEWModel", "SEWDModel"])
 def test_sew_keeps_a_symbolic_length_whatever_its_parity(name):
     context, export = _exported_on_the_varying_axes(name, ["_patch_sew_upsampled_to_its_input_length"])
