@@ -453,6 +453,33 @@ def _patch_forecast_masking_of_one_length(original):
     return forecast_masking
 
 
+@register_patch("dynamo", "transformers.models.musicflamingo.modeling_musicflamingo.MusicFlamingoModel"
+                "._build_audio_timestamps", reports=True)
+def _patch_music_flamingo_rows_before_by_subtraction(original):
+    """Music Flamingo counts the encoder rows before each clip as a zero followed by all but the last running sum
+    (`cumsum(...)[:-1]`): slicing one off a symbolic count makes torch ask whether the rest is shorter than two,
+    which fixed the batch. The running sum minus each clip's own rows is the same count; the rest is as it was."""
+
+    def _build_audio_timestamps(self, input_ids, post_lengths, max_post_length):
+        if not isinstance(post_lengths.shape[0], torch.SymInt):
+            return original(self, input_ids, post_lengths, max_post_length)
+        report_applied()
+        audio_tokens = input_ids == self.config.audio_token_id
+        edges = torch.diff(torch.nn.functional.pad(audio_tokens.int(), (1, 1), value=0), dim=1)
+        sample_lengths = (torch.where(edges == -1)[1] - torch.where(edges == 1)[1]).to(torch.long)
+        torch._check_tensor_all(audio_tokens.sum() == post_lengths.sum(),
+                                lambda: "Audio features and audio tokens do not match")
+        frame_step = self.config.audio_frame_step * 4  # the encoder downsamples its frames 4 times
+        frame_offsets = torch.arange(max_post_length, device=post_lengths.device, dtype=torch.float32) * frame_step
+        rows_before = (torch.cumsum(post_lengths, dim=0) - post_lengths).float()
+        sample_of_row = torch.searchsorted(torch.cumsum(sample_lengths, dim=0), rows_before, right=True)
+        first_row = torch.searchsorted(sample_of_row, torch.arange(sample_lengths.shape[0], device=post_lengths.device))
+        window = torch.arange(post_lengths.shape[0], device=post_lengths.device) - first_row[sample_of_row]
+        return window.unsqueeze(1) * max_post_length * frame_step + frame_offsets
+
+    return _build_audio_timestamps
+
+
 @register_patch("dynamo", "torch.nn.utils.rnn.pad_sequence", reports=True)
 def _patch_pad_sequence_to_symbolic_longest(original):
     """Sequences whose lengths are read from data (Qwen-Omni's audio chunks, SeamlessM4T's vocoder units) are padded

@@ -579,6 +579,12 @@ def test_forecast_masking_of_one_length_is_the_grouped_one():
     assert fixed["_patch_forecast_masking_of_one_length"] == ["past_values axis 0 = 2 (second set: 3)"]
 
 
+def test_music_flamingo_keeps_a_symbolic_batch_of_clips():
+    name = "_patch_music_flamingo_rows_before_by_subtraction"
+    fixed = _fixed_axes_with_and_without("MusicFlamingoModel", [name])
+    assert sorted(fixed[name]) == [f"{axis} axis 0 = 2 (second set: 3)" for axis in ("input_features", "input_features_mask")]
+
+
 @pytest.mark.parametrize("name", ["SEWModel", "SEWDModel"])
 def test_sew_keeps_a_symbolic_length_whatever_its_parity(name):
     context, export = _exported_on_the_varying_axes(name, ["_patch_sew_upsampled_to_its_input_length"])
