@@ -590,6 +590,25 @@ def _fix_negative_padding_as_slice(graph_module, node) -> bool:
     return True
 
 
+_INDEXED_SCATTERS = (torch.ops.aten.scatter_add.default, torch.ops.aten.scatter_add_.default)
+
+
+@register_fx_node_fix("executorch")
+def _fix_scatter_index_as_int64(graph_module, node) -> bool:
+    """ExecuTorch's edge dialect takes a scatter's index as int64 only and rejects the program otherwise ("mismatched
+    dtypes"); GLM-5 Next counts its selected keys by an int32 index. The same index, widened."""
+    if node.op != "call_function" or node.target not in _INDEXED_SCATTERS:
+        return False
+    index = node.args[2]
+    if not isinstance(index, torch.fx.Node) or index.meta["val"].dtype != torch.int32:
+        return False
+    with graph_module.graph.inserting_before(node):
+        wide = graph_module.graph.call_function(torch.ops.aten._to_copy.default, (index,), {"dtype": torch.int64})
+    wide.meta["val"] = index.meta["val"].to(torch.int64)
+    node.replace_input_with(index, wide)
+    return True
+
+
 @register_fx_node_fix("executorch")
 def _fix_alias_as_its_input(graph_module, node) -> bool:
     """A slice that keeps everything traces as `alias`, which ExecuTorch runs as a copy whose output it plans in the

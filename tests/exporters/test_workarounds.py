@@ -1034,6 +1034,25 @@ def test_a_pattern_the_executorch_runtime_cannot_run_is_rewritten(module, inputs
         as_traced(**inputs)
 
 
+class _SelectedCounts(torch.nn.Module):
+    """GLM-5 Next: how often each key was selected, counted by an int32 index."""
+
+    def forward(self, selected):
+        counts = torch.zeros(selected.shape[0], 6, dtype=torch.int32)
+        return counts.scatter_add_(-1, selected.to(torch.int32), torch.ones_like(selected, dtype=torch.int32))
+
+
+def test_executorch_widens_an_int32_scatter_index():
+    model, inputs = _SelectedCounts().eval(), {"selected": torch.tensor([[0, 2, 2, 5], [1, 1, 3, 0]])}
+    exporter, config = exporters.exporter_for("executorch")
+    exported = exporter.export(model, inputs, config)
+    assert "_fix_scatter_index_as_int64" in exported.applied
+    (got,) = exported(**inputs).values()
+    assert torch.equal(got, model(**inputs))
+    with disabled_workarounds("_fix_scatter_index_as_int64"), pytest.raises(exporters.ExportError, match="mismatched"):
+        exporter.export(model, inputs, config)
+
+
 def test_executorch_returns_a_slice_that_keeps_everything_as_its_input():
     context = _built_by_the_sweep("Swin2SRForImageSuperResolution")  # crops its image to the size it has
     exported = _export(context, "executorch")
