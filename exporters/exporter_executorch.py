@@ -653,14 +653,16 @@ def _fix_sort_as_topk(graph_module, node) -> bool:
     positional = node.args[1:] if node.target in (aten.sort.default, aten.argsort.default) else ()
     arguments = {**dict(zip(("dim", "descending"), positional)), **node.kwargs}
     source, dim = node.args[0], arguments.get("dim", -1)
+    graph = graph_module.graph
     length = source.meta["val"].shape[dim]
-    if not isinstance(length, int):
-        return False
+    if not isinstance(length, int):  # a symbolic length: read from the tensor at run time
+        with graph.inserting_before(node):
+            size = graph.call_function(aten.sym_size.int, (source, dim % source.meta["val"].dim()))
+        size.meta["val"], length = length, size
     topk_args = (source, length, dim, bool(arguments.get("descending", False)), True)
     if not sorts[node.target]:
         node.target, node.args, node.kwargs = aten.topk.default, topk_args, {}
         return True
-    graph = graph_module.graph
     topk = _call_after(graph, source, aten.topk.default, *topk_args[1:], after=node.prev)
     node.replace_all_uses_with(_call_after(graph, topk, operator.getitem, 1))
     graph.erase_node(node)

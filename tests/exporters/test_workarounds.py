@@ -1034,6 +1034,16 @@ def test_a_pattern_the_executorch_runtime_cannot_run_is_rewritten(module, inputs
         as_traced(**inputs)
 
 
+def test_executorch_sorts_a_symbolic_length_as_a_top_k_of_all():
+    model = _NoiseRanks().eval()
+    exporter, config = exporters.exporter_for("executorch", dynamic=True)
+    exported = exporter.export(model, {"noise": torch.randn(2, 9)}, config)
+    assert "_fix_sort_as_topk" in exported.applied
+    other = {"noise": torch.randn(3, 7)}  # another length
+    (got,) = exported(**other).values()
+    torch.testing.assert_close(got, model(**other))
+
+
 class _SelectedCounts(torch.nn.Module):
     """GLM-5 Next: how often each key was selected, counted by an int32 index."""
 
