@@ -268,9 +268,6 @@ def _patch_len_of_tensor_symbolic(original):
 class _WholeSplit:
     """Split sizes read from a tensor of symbolic length: a split by them is taken whole."""
 
-    def __init__(self, sizes: torch.Tensor):
-        self.sizes = sizes
-
     def __iter__(self):
         raise TypeError("per-image split sizes were kept symbolic for the export; only a split can take them")
 
@@ -288,7 +285,7 @@ def _split_taken_whole(caller):
     def deferred_tolist(self):
         if sys._getframe(1).f_code is caller_code and self.dim() == 1 and isinstance(self.shape[0], torch.SymInt):
             report_applied()
-            return _WholeSplit(self)
+            return _WholeSplit()
         return tolists[FakeTensor if isinstance(self, FakeTensor) else torch.Tensor](self)
 
     def whole_split(self, split_size, dim=0):
@@ -434,7 +431,8 @@ def _patch_forecast_masking_of_one_length(original):
     nothing, and the mask is one comparison with the positions."""
 
     def forecast_masking(inputs, num_forecast_mask_patches, unmasked_channel_indices=None, mask_value=0):
-        lengths = [num_forecast_mask_patches] if isinstance(num_forecast_mask_patches, int) else num_forecast_mask_patches
+        lengths = num_forecast_mask_patches
+        lengths = [lengths] if isinstance(lengths, int) else lengths
         if len(lengths) != 1:
             return original(inputs, num_forecast_mask_patches, unmasked_channel_indices, mask_value)
         if isinstance(inputs.shape[0], torch.SymInt):  # a fixed batch makes the same mask
