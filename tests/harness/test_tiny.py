@@ -372,3 +372,12 @@ def test_audio_placeholders_are_expanded_by_the_towers_length_rule():
     inputs, model = context.inputs["A"], context.model
     _, tokens = model.model.audio_tower._get_feat_extract_output_lengths(inputs["feature_attention_mask"].sum(-1))
     assert ((inputs["input_ids"] == model.config.audio_token_id).sum(-1) == tokens).all()
+
+
+def test_audio_features_are_fed_contiguous():
+    """Parakeet's extractor hands back a view of its padded buffer; a trace would take the view's strides for the
+    input's and refuse a fresh tensor of another length."""
+    context = ClassContext(select("ParakeetEncoder")[0]).prepare()
+    assert context.ok, context.stages[-1].message
+    for label in ("A", "B"):
+        assert context.inputs[label]["input_features"].is_contiguous()
