@@ -247,13 +247,13 @@ def _patch_experts_batched_mm(original):
 @register_patch(
     "dynamo",
     *(f"transformers.models.{name}.modeling_{name}.len"
-      for name in ("rt_detr", "rt_detr_v2", "d_fine", "deimv2", "pp_doclayout_v2", "pp_doclayout_v3")),
+      for name in ("rt_detr", "rt_detr_v2", "d_fine", "deimv2", "pp_doclayout_v2", "pp_doclayout_v3", "depth_pro")),
     reports=True,
 )
 def _patch_len_of_tensor_symbolic(original):
-    """RT-DETR and the detectors built on its code read their batch size as `len(source_flatten)`. Python's `len`
-    must answer an int, so a dynamic batch is fixed to the traced one; in these modules the length of a tensor is
-    its first size, which stays symbolic."""
+    """RT-DETR and the detectors built on its code read their batch size as `len(source_flatten)`, DepthPro counts
+    its patches per scale so. Python's `len` must answer an int, so a dynamic batch is fixed to the traced one; in
+    these modules the length of a tensor is its first size, which stays symbolic."""
 
     def length(value):
         if not isinstance(value, torch.Tensor) or not value.dim():

@@ -474,8 +474,9 @@ def _fixed_axes_with_and_without(name, workarounds):
     return fixed
 
 
-def test_rt_detr_keeps_a_symbolic_batch_where_its_code_takes_the_length_of_a_tensor():
-    fixed = _fixed_axes_with_and_without("RTDetrModel", ["_patch_len_of_tensor_symbolic"])
+@pytest.mark.parametrize("name", ["RTDetrModel", "DepthProModel"])
+def test_a_symbolic_batch_stays_where_the_code_takes_the_length_of_a_tensor(name):
+    fixed = _fixed_axes_with_and_without(name, ["_patch_len_of_tensor_symbolic"])
     assert fixed == {"_patch_len_of_tensor_symbolic": ["pixel_values axis 0 = 2 (second set: 3)"]}
 
 
