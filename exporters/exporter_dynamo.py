@@ -279,26 +279,30 @@ def _split_taken_whole(caller):
     from torch._subclasses.fake_tensor import FakeTensor  # the trace's tensors, with a `tolist` of their own
 
     caller_code = inspect.unwrap(caller).__code__
-    tolists = {cls: vars(cls).get("tolist", torch.Tensor.tolist) for cls in (torch.Tensor, FakeTensor)}
+    own_tolists = {cls: vars(cls).get("tolist") for cls in (torch.Tensor, FakeTensor)}  # None: inherited
+    tolist_of = {FakeTensor: FakeTensor.tolist, torch.Tensor: torch.Tensor.tolist}
     split = torch.Tensor.split
 
     def deferred_tolist(self):
         if sys._getframe(1).f_code is caller_code and self.dim() == 1 and isinstance(self.shape[0], torch.SymInt):
             report_applied()
             return _WholeSplit()
-        return tolists[FakeTensor if isinstance(self, FakeTensor) else torch.Tensor](self)
+        return tolist_of[FakeTensor if isinstance(self, FakeTensor) else torch.Tensor](self)
 
     def whole_split(self, split_size, dim=0):
         return (self,) if isinstance(split_size, _WholeSplit) else split(self, split_size, dim)
 
-    for cls in tolists:
+    for cls in own_tolists:
         cls.tolist = deferred_tolist
     torch.Tensor.split = whole_split
     try:
         yield
     finally:
-        for cls, tolist in tolists.items():
-            cls.tolist = tolist
+        for cls, own in own_tolists.items():
+            if own is None:
+                delattr(cls, "tolist")
+            else:
+                cls.tolist = own
         torch.Tensor.split = split
 
 

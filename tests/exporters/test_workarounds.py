@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 import exporters
 from exporters.utils import disabled_workarounds, split_inputs
@@ -528,9 +529,12 @@ def test_funnel_relative_shift_as_a_gather_serves_every_length():
     ("Idefics3Model", ["pixel_values", "pixel_attention_mask"]),  # per sample
 ])  # fmt: skip
 def test_the_image_count_stays_symbolic_where_features_are_split_per_image(name, count_inputs):
+    split, fake_tolist = torch.Tensor.split, FakeTensor.tolist
     fixed = _fixed_axes_with_and_without(name, ["_patch_image_features_split_kept_whole"])
     assert sorted(fixed["_patch_image_features_split_kept_whole"]) == [
         f"{count_input} axis 0 = 2 (second set: 3)" for count_input in sorted(count_inputs)]
+    # the tensor methods it replaces for the call are as they were
+    assert "tolist" not in vars(torch.Tensor) and (torch.Tensor.split, FakeTensor.tolist) == (split, fake_tolist)
 
 
 def test_csm_depth_decoder_keeps_a_symbolic_length_under_its_per_position_heads():
