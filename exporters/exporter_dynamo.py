@@ -517,9 +517,10 @@ def _patch_sdpa_skips_a_future_only_mask_as_eager_does(original):
     as_eager_reads = {}  # one reading per mask: every layer gets the same mask object
 
     def sdpa_like_eager(report, module, query, key, value, attention_mask, *args, **kwargs):
-        # the module's own flag: an `is_causal` argument is often derived from the mask being there (Moonshine),
-        # which eager drops and the trace keeps
-        module_is_causal = getattr(module, "is_causal", True)
+        # causal if the caller says so (OmDet-Turbo's text encoder) or the module's own flag does: an `is_causal=False`
+        # argument is often derived from the mask being there (Moonshine's decoder), which eager drops and the trace
+        # keeps
+        module_is_causal = kwargs.get("is_causal") or getattr(module, "is_causal", True)
         square = attention_mask is not None and attention_mask.dtype == torch.bool and query.shape[2] == key.shape[2]
         if module_is_causal or not square or attention_mask.shape[-2] != attention_mask.shape[-1]:
             return sdpa_attention_forward(module, query, key, value, attention_mask, *args, **kwargs)
