@@ -587,7 +587,8 @@ def test_forecast_masking_of_one_length_is_the_grouped_one():
 def test_music_flamingo_keeps_a_symbolic_batch_of_clips():
     name = "_patch_music_flamingo_rows_before_by_subtraction"
     fixed = _fixed_axes_with_and_without("MusicFlamingoModel", [name])
-    assert sorted(fixed[name]) == [f"{axis} axis 0 = 2 (second set: 3)" for axis in ("input_features", "input_features_mask")]
+    clips = ("input_features", "input_features_mask")
+    assert sorted(fixed[name]) == [f"{axis} axis 0 = 2 (second set: 3)" for axis in clips]
 
 
 @pytest.mark.parametrize("name", ["SEWModel", "SEWDModel"])
