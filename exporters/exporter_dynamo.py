@@ -280,7 +280,7 @@ def _split_taken_whole(caller):
 
     caller_code = inspect.unwrap(caller).__code__
     own_tolists = {cls: vars(cls).get("tolist") for cls in (torch.Tensor, FakeTensor)}  # None: inherited
-    tolist_of = {FakeTensor: FakeTensor.tolist, torch.Tensor: torch.Tensor.tolist}
+    tolist_of = {cls: cls.tolist for cls in own_tolists}
     split = torch.Tensor.split
 
     def deferred_tolist(self):

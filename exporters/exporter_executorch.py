@@ -602,10 +602,7 @@ def _fix_scatter_index_as_int64(graph_module, node) -> bool:
     index = node.args[2]
     if not isinstance(index, torch.fx.Node) or index.meta["val"].dtype != torch.int32:
         return False
-    with graph_module.graph.inserting_before(node):
-        wide = graph_module.graph.call_function(torch.ops.aten._to_copy.default, (index,), {"dtype": torch.int64})
-    wide.meta["val"] = index.meta["val"].to(torch.int64)
-    node.replace_input_with(index, wide)
+    node.replace_input_with(index, _call_after(graph_module.graph, index, torch.ops.aten.to.dtype, torch.int64))
     return True
 
 
@@ -656,9 +653,7 @@ def _fix_sort_as_topk(graph_module, node) -> bool:
     graph = graph_module.graph
     length = source.meta["val"].shape[dim]
     if not isinstance(length, int):  # a symbolic length: read from the tensor at run time
-        with graph.inserting_before(node):
-            size = graph.call_function(aten.sym_size.int, (source, dim % source.meta["val"].dim()))
-        size.meta["val"], length = length, size
+        length = _call_after(graph, source, aten.sym_size.int, dim % source.meta["val"].dim())
     topk_args = (source, length, dim, bool(arguments.get("descending", False)), True)
     if not sorts[node.target]:
         node.target, node.args, node.kwargs = aten.topk.default, topk_args, {}
