@@ -215,6 +215,24 @@ def _patch_repeat_interleave_as_gather(original):
     return repeat_interleave
 
 
+@register_patch("executorch", "torch.randint")
+def _patch_randint_as_scaled_rand(original):
+    """`randint` is not in the Core ATen opset; `rand` is, and the runtime has its kernel. The same uniform
+    integers in [low, high) as floor(rand * (high - low)) + low, drawn in float64 so every range below 2**53 is
+    exact (Informer samples the keys its ProbSparse attention measures)."""
+
+    def randint(*args, **kwargs):
+        bounds, size = (args, kwargs["size"]) if "size" in kwargs else (args[:-1], args[-1])
+        if kwargs.get("generator") is not None or len(bounds) not in (1, 2):
+            return original(*args, **kwargs)
+        low, high = (0, *bounds) if len(bounds) == 1 else bounds
+        options = {key: value for key, value in kwargs.items() if key not in ("size", "generator", "dtype")}
+        uniform = torch.rand(size, dtype=torch.float64, **options)
+        return (uniform * (high - low)).floor().to(kwargs.get("dtype") or torch.int64) + low
+
+    return randint
+
+
 @register_patch("executorch", "torch.nn.functional.embedding_bag")
 def _patch_embedding_bag_as_gather(original):
     """The portable runtime has no `_embedding_bag` kernel (Kimi-K2.5's position embedding gathers interpolation
@@ -469,10 +487,11 @@ def _fix_attention_output_layout(graph_module, node) -> bool:
 
 
 def _call_after(graph, anchor, target, *args, after=None):
-    """A node ``target(anchor, *args)`` right after ``after`` (by default ``anchor``), with its fake value."""
+    """A node ``target(anchor, *args)`` right after ``after`` (by default ``anchor``), with its fake value. The
+    anchor may be a list of nodes (a concatenation's), given ``after``."""
     with graph.inserting_after(after or anchor):
         node = graph.call_function(target, (anchor, *args))
-    node.meta["val"] = target(*(a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in (anchor, *args)))
+    node.meta["val"] = target(*torch.fx.node.map_arg((anchor, *args), lambda arg: arg.meta["val"]))
     return node
 
 
@@ -587,6 +606,32 @@ def _fix_negative_padding_as_slice(graph_module, node) -> bool:
                                   after if after < 0 else sys.maxsize)
     node.target, node.kwargs = aten.constant_pad_nd.default, {}
     node.args = (cropped, [max(amount, 0) for amount in pad], *value)
+    return True
+
+
+@register_fx_node_fix("executorch")
+def _fix_circular_padding_as_concatenation(graph_module, node) -> bool:
+    """to_edge decomposes circular padding into an `empty` it fills, and the memory-format pass pins that `empty`'s
+    symbolic sizes (Informer's token convolution pads circularly: its batch came out fixed). Wrapping around is
+    the tensor between its last and first slices, one axis at a time."""
+    aten = torch.ops.aten
+    if node.op != "call_function" or node.target is not aten.pad.default:
+        return False
+    source, pad = node.args[:2]
+    mode = node.args[2] if len(node.args) > 2 else node.kwargs.get("mode", "constant")
+    if mode != "circular" or not all(isinstance(amount, int) and amount >= 0 for amount in pad):
+        return False
+    graph, padded = graph_module.graph, source
+    for index in range(0, len(pad), 2):  # pairs (before, after) from the last axis backwards
+        before, after = pad[index], pad[index + 1]
+        dim = source.meta["val"].dim() - index // 2 - 1
+        last = _call_after(graph, padded, aten.slice.Tensor, dim, -before, sys.maxsize) if before else None
+        first = _call_after(graph, padded, aten.slice.Tensor, dim, 0, after, after=last) if after else None
+        parts = [part for part in (last, padded, first) if part is not None]
+        if len(parts) > 1:
+            padded = _call_after(graph, parts, aten.cat.default, dim, after=first or last)
+    node.replace_all_uses_with(padded)
+    graph.erase_node(node)
     return True
 
 

@@ -1050,6 +1050,50 @@ def test_executorch_sorts_a_symbolic_length_as_a_top_k_of_all():
     torch.testing.assert_close(got, model(**other))
 
 
+class _KeySample(torch.nn.Module):
+    """Informer's ProbSparse attention measures its queries against keys drawn at random."""
+
+    def forward(self, keys):
+        return torch.randint(0, keys.shape[1], (400,)), torch.randint(3, size=(2, 5))
+
+
+def test_executorch_draws_random_integers_from_rand():
+    exporter, config = exporters.exporter_for("executorch")
+    exported = exporter.export(_KeySample().eval(), {"keys": torch.randn(2, 8)}, config)
+    assert "_patch_randint_as_scaled_rand" in exported.applied
+    sample, small = exported(keys=torch.randn(2, 8)).values()
+    assert sample.dtype == small.dtype == torch.int64 and small.shape == (2, 5)
+    assert set(sample.tolist()) == set(range(8))  # every key can be drawn (each misses 400 draws with p < 1e-23)
+    assert set(small.tolist()[0] + small.tolist()[1]) <= {0, 1, 2}
+    with disabled_workarounds("_patch_randint_as_scaled_rand"), pytest.raises(exporters.ExportError, match="randint"):
+        exporter.export(_KeySample().eval(), {"keys": torch.randn(2, 8)}, config)
+
+
+class _CircularTokenConvolution(torch.nn.Module):
+    """Informer embeds its time series by a convolution that pads circularly."""
+
+    def __init__(self):
+        super().__init__()
+        self.convolution = torch.nn.Conv1d(3, 4, kernel_size=3, padding=1, padding_mode="circular")
+
+    def forward(self, series):
+        return self.convolution(series.transpose(1, 2))
+
+
+def test_executorch_pads_circularly_by_concatenation_and_keeps_the_batch_symbolic():
+    model = _CircularTokenConvolution().eval()
+    exporter, config = exporters.exporter_for("executorch", dynamic=True)
+    exported = exporter.export(model, {"series": torch.randn(2, 6, 3)}, config)
+    assert "_fix_circular_padding_as_concatenation" in exported.applied
+    other = {"series": torch.randn(3, 6, 3)}  # another batch
+    (got,) = exported(**other).values()
+    torch.testing.assert_close(got, model(**other), atol=1e-5, rtol=1e-5)
+    with disabled_workarounds("_fix_circular_padding_as_concatenation"):
+        as_decomposed = exporter.export(model, {"series": torch.randn(2, 6, 3)}, config)
+    with pytest.raises(RuntimeError, match="set_inputs"):  # the batch was fixed at 2
+        as_decomposed(**other)
+
+
 class _SelectedCounts(torch.nn.Module):
     """GLM-5 Next: how often each key was selected, counted by an int32 index."""
 
