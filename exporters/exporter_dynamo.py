@@ -247,13 +247,14 @@ def _patch_experts_batched_mm(original):
 @register_patch(
     "dynamo",
     *(f"transformers.models.{name}.modeling_{name}.len"
-      for name in ("rt_detr", "rt_detr_v2", "d_fine", "deimv2", "pp_doclayout_v2", "pp_doclayout_v3", "depth_pro")),
+      for name in ("rt_detr", "rt_detr_v2", "d_fine", "deimv2", "pp_doclayout_v2", "pp_doclayout_v3", "depth_pro",
+                   "clipseg")),
     reports=True,
 )
 def _patch_len_of_tensor_symbolic(original):
     """RT-DETR and the detectors built on its code read their batch size as `len(source_flatten)`, DepthPro counts
-    its patches per scale so. Python's `len` must answer an int, so a dynamic batch is fixed to the traced one; in
-    these modules the length of a tensor is its first size, which stays symbolic."""
+    its patches per scale so, CLIPSeg its prompts. Python's `len` must answer an int, so a dynamic batch is fixed
+    to the traced one; in these modules the length of a tensor is its first size, which stays symbolic."""
 
     def length(value):
         if not isinstance(value, torch.Tensor) or not value.dim():
@@ -263,6 +264,20 @@ def _patch_len_of_tensor_symbolic(original):
         return value.shape[0]
 
     return length
+
+
+@register_patch("dynamo", "transformers.models.esm.modeling_esmfold.range", reports=True)
+def _patch_range_of_symbolic_batch_as_arange(original):
+    """ESMFold marks each sequence's end with `esmaa[range(B), ends] = eos`: Python's `range` takes an int, which
+    fixes a dynamic batch to the traced one. As an index, `arange(B)` selects the same rows and keeps B symbolic."""
+
+    def symbolic_range(*args):
+        if len(args) != 1 or not isinstance(args[0], torch.SymInt):
+            return original(*args)
+        report_applied()
+        return torch.arange(args[0])
+
+    return symbolic_range
 
 
 class _WholeSplit:

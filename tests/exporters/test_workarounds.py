@@ -475,10 +475,29 @@ def _fixed_axes_with_and_without(name, workarounds):
     return fixed
 
 
-@pytest.mark.parametrize("name", ["RTDetrModel", "DepthProModel"])
-def test_a_symbolic_batch_stays_where_the_code_takes_the_length_of_a_tensor(name):
-    fixed = _fixed_axes_with_and_without(name, ["_patch_len_of_tensor_symbolic"])
-    assert fixed == {"_patch_len_of_tensor_symbolic": ["pixel_values axis 0 = 2 (second set: 3)"]}
+@pytest.mark.parametrize("name, workaround, fixed_without", [
+    ("RTDetrModel", "_patch_len_of_tensor_symbolic", ["pixel_values axis 0 = 2 (second set: 3)"]),
+    ("DepthProModel", "_patch_len_of_tensor_symbolic", ["pixel_values axis 0 = 2 (second set: 3)"]),
+    ("EsmForProteinFolding", "_patch_range_of_symbolic_batch_as_arange", [
+        "input_ids axis 0 = 2 (second set: 3)", "attention_mask axis 0 = 2 (second set: 3)"]),
+])  # fmt: skip
+def test_a_symbolic_batch_stays_where_the_code_reads_it_as_a_python_int(name, workaround, fixed_without):
+    assert _fixed_axes_with_and_without(name, [workaround]) == {workaround: fixed_without}
+
+
+def test_clipseg_keeps_its_batch_symbolic_where_it_counts_its_prompts_with_len():
+    """As the sweep runs it: its exported program returns a tensor where eager returns None (the first captured
+    hidden state), and the sweep's parity compares the outputs eager has."""
+    from harness.cells import Cell, ClassContext, run_cell
+    from harness.models import select
+
+    model_class = select("CLIPSegForImageSegmentation")[0]
+    context = ClassContext(model_class)
+    record = run_cell(Cell(model_class, "dynamo", "dynamic"), context)
+    assert (record.status, record.message) == ("pass", None) and "_patch_len_of_tensor_symbolic" in record.applied
+    with disabled_workarounds("_patch_len_of_tensor_symbolic"):
+        record = run_cell(Cell(model_class, "dynamo", "dynamic"), context)
+    assert record.stage == "dynamic-axes" and "input_ids axis 0 = 2 (second set: 3)" in record.message
 
 
 @pytest.mark.parametrize("name, workaround, text", [
