@@ -280,6 +280,41 @@ def _patch_range_of_symbolic_batch_as_arange(original):
     return symbolic_range
 
 
+@register_patch("dynamo", "transformers.models.blt.modeling_blt.byte_group_hash_function")
+def _patch_blt_byte_groups_gathered(_original):
+    """BLT hashes the byte n-grams ending at each position from `unfold` windows over the input padded in front.
+    `unfold` on a symbolic length guards that the length holds a window, once per n-gram size, and the export came
+    out with a fixed length; the same windows read by one gather at computed indices."""
+    from transformers.models.blt.modeling_blt import rolling_polynomial_hash
+
+    def byte_group_hash_function(token_ids, group_size=2, prime=1000000007, max_hash=30000):
+        with torch.no_grad():
+            padding = token_ids.new_zeros(token_ids.shape[0], group_size - 1, dtype=torch.int64)
+            padded = torch.cat([padding, token_ids], dim=1)
+            starts = torch.arange(token_ids.shape[1], device=token_ids.device)
+            windows = padded[:, starts[:, None] + torch.arange(group_size, device=token_ids.device)]
+            return rolling_polynomial_hash(windows, prime) % max_hash
+
+    return byte_group_hash_function
+
+
+@register_patch("dynamo", "transformers.models.vits.modeling_vits.VitsAttention._get_relative_embeddings")
+def _patch_vits_relative_embeddings_padded_always(original):
+    """VITS pads its relative-position table only when the text is longer than its window (`if pad_length > 0`), a
+    branch on the length the program then guards on. Padding by zero changes nothing, so it pads always, by the
+    symbolic amount."""
+
+    def get_relative_embeddings(self, relative_embeddings, length):
+        if not isinstance(length, torch.SymInt):
+            return original(self, relative_embeddings, length)
+        pad_length = torch.sym_max(length - (self.window_size + 1), 0)
+        padded = torch.nn.functional.pad(relative_embeddings, [0, 0, pad_length, pad_length, 0, 0])
+        start = torch.sym_max((self.window_size + 1) - length, 0)
+        return padded[:, start : start + 2 * length - 1]
+
+    return get_relative_embeddings
+
+
 class _WholeSplit:
     """Split sizes read from a tensor of symbolic length: a split by them is taken whole."""
 

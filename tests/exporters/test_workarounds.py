@@ -485,6 +485,21 @@ def test_a_symbolic_batch_stays_where_the_code_reads_it_as_a_python_int(name, wo
     assert _fixed_axes_with_and_without(name, [workaround]) == {workaround: fixed_without}
 
 
+def test_blt_hashes_the_same_byte_groups_by_gather_and_keeps_its_length_symbolic():
+    from transformers.models.blt import modeling_blt
+
+    from exporters.exporter_dynamo import _patch_blt_byte_groups_gathered
+
+    original = modeling_blt.byte_group_hash_function
+    gathered = _patch_blt_byte_groups_gathered(original)
+    tokens = torch.randint(0, 260, (3, 9))
+    for group_size in (2, 3, 8, 12):  # a group longer than the input too
+        assert torch.equal(gathered(tokens, group_size, 1500450271, 500), original(tokens, group_size, 1500450271, 500))
+    fixed = _fixed_axes_with_and_without("BltModel", ["_patch_blt_byte_groups_gathered"])
+    assert fixed == {"_patch_blt_byte_groups_gathered": [
+        "input_ids axis 1 = 7 (second set: 5)", "attention_mask axis 1 = 7 (second set: 5)"]}
+
+
 def test_clipseg_keeps_its_batch_symbolic_where_it_counts_its_prompts_with_len():
     """As the sweep runs it: its exported program returns a tensor where eager returns None (the first captured
     hidden state), and the sweep's parity compares the outputs eager has."""
@@ -586,6 +601,17 @@ def test_moonshine_keeps_a_symbolic_audio_length_and_a_causal_decoder():
         truncated = export()
     with pytest.raises(Exception, match="Guard failed: .*attention_mask"):
         truncated(**context.inputs["B"])
+
+
+def test_vits_pads_its_relative_positions_for_any_text_length():
+    # exported on a text longer than the window (padded), matches eager on one that fits it (not padded)
+    context, export = _exported_on_the_varying_axes("VitsModel", ["_patch_vits_relative_embeddings_padded_always"])
+    window = next(module.window_size for module in context.model.modules() if hasattr(module, "window_size"))
+    assert context.inputs["B"]["input_ids"].shape[1] <= window + 1 < context.inputs["A"]["input_ids"].shape[1]
+    with disabled_workarounds("_patch_vits_relative_embeddings_padded_always"):
+        branched = export()
+    with pytest.raises(Exception, match="Guard failed: .*attention_mask"):  # the second text fits the window
+        branched(**context.inputs["B"])
 
 
 def test_forecast_masking_of_one_length_is_the_grouped_one():
