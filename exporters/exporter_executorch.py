@@ -186,11 +186,32 @@ def _patch_bucketize_as_comparison(original):
     def bucketize(input, boundaries, *, out_int32=False, right=False, **kwargs):
         if kwargs or not isinstance(input, torch.Tensor):
             return original(input, boundaries, out_int32=out_int32, right=right, **kwargs)
-        expanded = input.unsqueeze(-1)
-        below = boundaries <= expanded if right else boundaries < expanded
-        return below.sum(dim=-1, dtype=torch.int32 if out_int32 else torch.int64)
+        return _insertion_points(boundaries, input, right, out_int32)
 
     return bucketize
+
+
+@register_patch("executorch", "torch.searchsorted")
+def _patch_searchsorted_as_comparison(original):
+    """`searchsorted` is not in the Core ATen opset either (Music Flamingo maps its encoder rows to their audio
+    samples by it): the same count as `bucketize`'s, per sorted row."""
+
+    def searchsorted(sorted_sequence, values, *, out_int32=False, right=False, side=None, sorter=None, **kwargs):
+        if kwargs or sorter is not None or not isinstance(values, torch.Tensor):
+            return original(sorted_sequence, values, out_int32=out_int32, right=right, side=side, sorter=sorter,
+                            **kwargs)
+        return _insertion_points(sorted_sequence, values, right or side == "right", out_int32)
+
+    return searchsorted
+
+
+def _insertion_points(sorted_rows, values, right, out_int32):
+    """Where each value goes in its sorted row (a 1-D row, or rows with the values' leading sizes): how many of the
+    row's elements lie below it, or at or below it on the right."""
+    rows = sorted_rows if sorted_rows.dim() == 1 else sorted_rows.unsqueeze(-2)
+    expanded = values.unsqueeze(-1)
+    below = rows <= expanded if right else rows < expanded
+    return below.sum(dim=-1, dtype=torch.int32 if out_int32 else torch.int64)
 
 
 @register_patch("executorch", "torch.repeat_interleave", "torch.Tensor.repeat_interleave")
