@@ -244,7 +244,7 @@ def _patch_randint_as_scaled_rand(original):
 
     def randint(*args, **kwargs):
         bounds, size = (args, kwargs["size"]) if "size" in kwargs else (args[:-1], args[-1])
-        if kwargs.get("generator") is not None or len(bounds) not in (1, 2):
+        if kwargs.get("generator") is not None or "out" in kwargs or len(bounds) not in (1, 2):
             return original(*args, **kwargs)
         low, high = (0, *bounds) if len(bounds) == 1 else bounds
         options = {key: value for key, value in kwargs.items() if key not in ("size", "generator", "dtype")}
