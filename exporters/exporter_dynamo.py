@@ -298,7 +298,7 @@ def _patch_blt_byte_groups_gathered(_original):
     return byte_group_hash_function
 
 
-@register_patch("dynamo", "transformers.models.vits.modeling_vits.VitsAttention._get_relative_embeddings")
+@register_patch("dynamo", "transformers.models.vits.modeling_vits.VitsAttention._get_relative_embeddings", reports=True)
 def _patch_vits_relative_embeddings_padded_always(original):
     """VITS pads its relative-position table only when the text is longer than its window (`if pad_length > 0`), a
     branch on the length the program then guards on. Padding by zero changes nothing, so it pads always, by the
@@ -307,12 +307,33 @@ def _patch_vits_relative_embeddings_padded_always(original):
     def get_relative_embeddings(self, relative_embeddings, length):
         if not isinstance(length, torch.SymInt):
             return original(self, relative_embeddings, length)
+        report_applied()
         pad_length = torch.sym_max(length - (self.window_size + 1), 0)
         padded = torch.nn.functional.pad(relative_embeddings, [0, 0, pad_length, pad_length, 0, 0])
         start = torch.sym_max((self.window_size + 1) - length, 0)
         return padded[:, start : start + 2 * length - 1]
 
     return get_relative_embeddings
+
+
+@register_patch("dynamo", "transformers.cache_utils.LinearAttentionLayer.update_conv_state", reports=True)
+def _patch_conv_state_padded_to_its_kernel_always(original):
+    """A hybrid model's first pass pads its convolution states to the kernel only when the prompt is shorter than
+    the kernel, a branch on the length the program then guards on (LFM3, kernel 7 here: a 5-token prompt failed the
+    guard). Padding by max(kernel - length, 0) is the same tensor either way, so it pads always."""
+
+    def update_conv_state(self, conv_states, state_idx=0, conv_kernel_size=None, **kwargs):
+        length = conv_states.shape[-1]
+        if not isinstance(length, torch.SymInt) or self.record_past or self.has_previous_state[state_idx]:
+            return original(self, conv_states, state_idx, conv_kernel_size, **kwargs)
+        report_applied()
+        if not self.is_conv_states_initialized[state_idx]:
+            self.lazy_initialization(conv_states=conv_states, state_idx=state_idx, conv_kernel_size=conv_kernel_size)
+        missing = torch.sym_max(self.conv_kernel_size[state_idx] - length, 0)
+        padded = torch.nn.functional.pad(conv_states, (missing, 0))
+        return original(self, padded, state_idx, conv_kernel_size, **kwargs)
+
+    return update_conv_state
 
 
 class _WholeSplit:
