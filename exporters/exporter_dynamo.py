@@ -493,6 +493,22 @@ def _patch_moonshine_conv_lengths_floor_divided(original):
     return _get_feat_extract_output_lengths
 
 
+@register_patch("dynamo", "transformers.models.xcodec.modeling_xcodec.conv1d_output_length", reports=True)
+def _patch_conv1d_output_length_floor_divided(original):
+    """transformers' `conv1d_output_length` is the same `int(numerator / stride + 1)` as Moonshine's (Xcodec checks
+    its acoustic and semantic frame counts agree by it): the floor division, for a numerator a convolution
+    accepts."""
+
+    def conv1d_output_length(module, input_length):
+        if not isinstance(input_length, torch.SymInt):
+            return original(module, input_length)
+        report_applied()
+        (padding,), (dilation,), (kernel,), (stride,) = module.padding, module.dilation, module.kernel_size, module.stride
+        return (input_length + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+
+    return conv1d_output_length
+
+
 @register_patch(
     "dynamo",
     "transformers.models.patchtst.modeling_patchtst.forecast_masking",
@@ -1948,6 +1964,22 @@ def auto_dynamic_shapes(value: Any) -> Any:
         children, _context = node.flatten_fn(value)
         return [auto_dynamic_shapes(child) for child in children]
     return None
+
+
+@register_patch("dynamo", "torch.fx.experimental.symbolic_shapes.DimConstraints.solve", reports=True)
+def _patch_dim_constraints_unsolvable_left_as_guards(original):
+    """After tracing, torch.export solves the guards on dynamic sizes with sympy to suggest fixes for constraint
+    violations. Sympy cannot solve a divisibility through nested floors (Xcodec's audio length must be a multiple of
+    its hop, 320: "cannot be solved using solve_univariate_inequality") and the whole export failed. With `Dim.AUTO`
+    there is no violation to explain: the guard stays in the program as a run-time check."""
+
+    def solve(self):
+        try:
+            return original(self)
+        except NotImplementedError:
+            report_applied()
+
+    return solve
 
 
 # ── Stage 5: State cleanup ───────────────────────────────────────────────────

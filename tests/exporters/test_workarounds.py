@@ -500,33 +500,44 @@ def test_blt_hashes_the_same_byte_groups_by_gather_and_keeps_its_length_symbolic
         "input_ids axis 1 = 7 (second set: 5)", "attention_mask axis 1 = 7 (second set: 5)"]}
 
 
-def _dynamic_cell_with_and_without(name, workaround):
-    """``name``'s Dynamo dynamic cell as the sweep runs it, with ``workaround`` and with it disabled. For models whose
-    exported outputs are not eager's one for one (a tensor where eager returns None, cache leaves), the sweep's
-    parity compares the outputs eager has."""
+def _dynamic_cell_with_and_without(name, *workarounds):
+    """``name``'s Dynamo dynamic cell as the sweep runs it: with every workaround, and with each one disabled. For
+    models whose exported outputs are not eager's one for one (a tensor where eager returns None, cache leaves),
+    the sweep's parity compares the outputs eager has."""
     from harness.cells import Cell, ClassContext, run_cell
     from harness.models import select
 
     model_class = select(name)[0]
     context = ClassContext(model_class)
-    with_it = run_cell(Cell(model_class, "dynamo", "dynamic"), context)
-    with disabled_workarounds(workaround):
-        without = run_cell(Cell(model_class, "dynamo", "dynamic"), context)
-    return with_it, without
+    with_them = run_cell(Cell(model_class, "dynamo", "dynamic"), context)
+    assert (with_them.status, with_them.message) == ("pass", None) and set(workarounds) <= set(with_them.applied)
+    without = {}
+    for workaround in workarounds:
+        with disabled_workarounds(workaround):
+            without[workaround] = run_cell(Cell(model_class, "dynamo", "dynamic"), context)
+    return without
 
 
 def test_clipseg_keeps_its_batch_symbolic_where_it_counts_its_prompts_with_len():
-    with_it, without = _dynamic_cell_with_and_without("CLIPSegForImageSegmentation", "_patch_len_of_tensor_symbolic")
-    assert (with_it.status, with_it.message) == ("pass", None) and "_patch_len_of_tensor_symbolic" in with_it.applied
-    assert without.stage == "dynamic-axes" and "input_ids axis 0 = 2 (second set: 3)" in without.message
+    without = _dynamic_cell_with_and_without("CLIPSegForImageSegmentation", "_patch_len_of_tensor_symbolic")
+    (record,) = without.values()
+    assert record.stage == "dynamic-axes" and "input_ids axis 0 = 2 (second set: 3)" in record.message
 
 
 def test_a_hybrid_model_pads_its_conv_states_for_a_prompt_shorter_than_its_kernel():
     # LFM3 (kernel 7) exported on a 7-token prompt meets a 5-token one, which eager pads
-    with_it, without = _dynamic_cell_with_and_without("Lfm3Model", "_patch_conv_state_padded_to_its_kernel_always")
-    assert (with_it.status, with_it.message) == ("pass", None)
-    assert "_patch_conv_state_padded_to_its_kernel_always" in with_it.applied
-    assert without.stage == "run" and "Guard failed: input_ids.size()[1] >= 7" in without.message
+    without = _dynamic_cell_with_and_without("Lfm3Model", "_patch_conv_state_padded_to_its_kernel_always")
+    (record,) = without.values()
+    assert record.stage == "run" and "Guard failed: input_ids.size()[1] >= 7" in record.message
+
+
+def test_xcodec_keeps_its_audio_length_symbolic():
+    without = _dynamic_cell_with_and_without(
+        "XcodecModel", "_patch_conv1d_output_length_floor_divided", "_patch_dim_constraints_unsolvable_left_as_guards"
+    )
+    truncated, unsolved = without.values()
+    assert truncated.stage == "run" and "Guard failed: math.trunc" in truncated.message
+    assert unsolved.stage == "torch-export" and "solve_univariate_inequality" in unsolved.message
 
 
 @pytest.mark.parametrize("name, workaround, text", [
