@@ -280,6 +280,20 @@ def _patch_range_of_symbolic_batch_as_arange(original):
     return symbolic_range
 
 
+@register_patch("dynamo", "transformers.models.encodec.modeling_encodec.range", reports=True)
+def _patch_encodec_one_chunk_as_one_offset(original):
+    """Without a chunk length, Encodec encodes its whole input as one chunk, listed as `range(0, length, length)`:
+    Python's `range` takes ints, which fixes a symbolic length. That range is the one offset 0."""
+
+    def chunk_offsets(*args):
+        if len(args) == 3 and isinstance(args[1], torch.SymInt) and args[0] == 0 and args[2] is args[1]:
+            report_applied()
+            return [0]
+        return original(*args)
+
+    return chunk_offsets
+
+
 @register_patch("dynamo", "transformers.models.blt.modeling_blt.byte_group_hash_function")
 def _patch_blt_byte_groups_gathered(_original):
     """BLT hashes the byte n-grams ending at each position from `unfold` windows over the input padded in front.

@@ -531,6 +531,11 @@ def test_a_hybrid_model_pads_its_conv_states_for_a_prompt_shorter_than_its_kerne
     assert record.stage == "run" and "Guard failed: input_ids.size()[1] >= 7" in record.message
 
 
+def test_encodec_encodes_one_chunk_of_a_symbolic_length():
+    (record,) = _dynamic_cell_with_and_without("EncodecModel", "_patch_encodec_one_chunk_as_one_offset").values()
+    assert record.stage == "dynamic-axes" and "input_values axis 2 = 8000" in record.message
+
+
 def test_xcodec_keeps_its_audio_length_symbolic():
     without = _dynamic_cell_with_and_without(
         "XcodecModel", "_patch_conv1d_output_length_floor_divided", "_patch_dim_constraints_unsolvable_left_as_guards"
