@@ -501,7 +501,7 @@ def _patch_moonshine_conv_lengths_floor_divided(original):
         report_applied()
         length = input_lengths
         for kernel, stride in ((127, 64), (7, 3), (3, 2)):
-            length = (length - kernel) // stride + 1
+            length = _conv_output_length(length, kernel, stride)
         return length
 
     return _get_feat_extract_output_lengths
@@ -518,9 +518,15 @@ def _patch_conv1d_output_length_floor_divided(original):
             return original(module, input_length)
         report_applied()
         (padding,), (dilation,), (kernel,), (stride,) = module.padding, module.dilation, module.kernel_size, module.stride
-        return (input_length + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+        return _conv_output_length(input_length, kernel, stride, padding, dilation)
 
     return conv1d_output_length
+
+
+def _conv_output_length(length, kernel, stride, padding=0, dilation=1):
+    """A convolution's output length by floor division: for every length the convolution accepts, what
+    `int(numerator / stride + 1)` answers, without the true division a symbolic length can only answer fixed."""
+    return (length + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
 
 
 @register_patch(
