@@ -1020,6 +1020,30 @@ def _seeded_rotations(seed):
         torch.randn = draw
 
 
+@register_patch("dynamo", "transformers.models.reformer.modeling_reformer.AxialPositionEmbeddings.forward")
+def _patch_reformer_axial_positions_gathered(original):
+    """At inference Reformer cuts its axial table to the rows its largest position id needs (`.item()`), then looks
+    up each sample's positions in a Python loop over the batch, which fixed the batch. The rows cut away are never
+    looked up: one gather from the whole table is the same."""
+
+    def forward(self, position_ids):
+        if self.training:
+            return original(self, position_ids)
+        rows, columns = self.axial_pos_shape
+        table = torch.cat([weight.expand(rows, columns, weight.shape[-1]) for weight in self.weights], dim=-1)
+        return table.reshape(rows * columns, -1)[position_ids]
+
+    return forward
+
+
+def _padded_along_sequence(tensor, padded_length, filler):
+    """``tensor`` (batch, length, ...) padded with ``filler`` to ``padded_length``: written over a filled tensor, so
+    that no tensor is as long as the padding alone, whose length of 1 the trace would guard on."""
+    result = filler.expand(tensor.shape[0], padded_length, *tensor.shape[2:]).clone()
+    result[:, : tensor.shape[1]] = tensor
+    return result
+
+
 @register_patch("dynamo", "transformers.models.led.modeling_led.LEDEncoder._pad_to_window_size")
 def _patch_led_pads_at_least_one_token(original):
     """LED pads its input to a multiple of the attention window only when it is not one (`if padding_len > 0`, and
@@ -1032,23 +1056,42 @@ def _patch_led_pads_at_least_one_token(original):
         window = window if isinstance(window, int) else max(window)
         length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
         padded_length = (length // window + 1) * window
-
-        # the tensor written over a filled one of the padded length: no tensor as long as the padding alone, whose
-        # length of 1 the trace would guard on
-        def padded(tensor, filler):
-            result = filler.expand(tensor.shape[0], padded_length, *tensor.shape[2:]).clone()
-            result[:, :length] = tensor
-            return result
-
         if input_ids is not None:
-            input_ids = padded(input_ids, input_ids.new_tensor(pad_token_id))
+            input_ids = _padded_along_sequence(input_ids, padded_length, input_ids.new_tensor(pad_token_id))
         if inputs_embeds is not None:
             pad_embedding = self.embed_tokens(torch.tensor(self.config.pad_token_id, device=inputs_embeds.device))
-            inputs_embeds = padded(inputs_embeds, pad_embedding.to(inputs_embeds.dtype))
-        attention_mask = padded(attention_mask, attention_mask.new_tensor(False))
+            inputs_embeds = _padded_along_sequence(inputs_embeds, padded_length, pad_embedding.to(inputs_embeds.dtype))
+        attention_mask = _padded_along_sequence(attention_mask, padded_length, attention_mask.new_tensor(False))
         return padded_length - length, input_ids, attention_mask, inputs_embeds
 
     return _pad_to_window_size
+
+
+@register_patch("dynamo", "transformers.models.reformer.modeling_reformer.ReformerModel._pad_to_mult_of_chunk_length")
+def _patch_reformer_padding_written_over(original):
+    """Reformer pads its tokens to a multiple of its chunk length by concatenating a tensor as long as the padding,
+    whose length of 1 the trace fixed (and with it the length's remainder)."""
+
+    def _pad_to_mult_of_chunk_length(self, input_ids, inputs_embeds=None, attention_mask=None, position_ids=None,
+                                     input_shape=None, padding_length=None, padded_seq_length=None, device=None):
+        if position_ids is not None:
+            return original(self, input_ids, inputs_embeds, attention_mask, position_ids, input_shape, padding_length,
+                            padded_seq_length, device)
+        length = input_shape[-1]
+        padded_length = length + padding_length
+        if attention_mask is None:
+            attention_mask = torch.ones(input_shape, device=device, dtype=torch.bool)
+        attention_mask = _padded_along_sequence(attention_mask, padded_length, attention_mask.new_tensor(0))
+        if input_ids is not None:
+            input_ids = _padded_along_sequence(input_ids, padded_length, input_ids.new_tensor(self.config.pad_token_id))
+            input_shape = input_ids.size()
+        if inputs_embeds is not None:
+            pad_embedding = self.get_input_embeddings()(torch.tensor(self.config.pad_token_id, device=device))
+            inputs_embeds = _padded_along_sequence(inputs_embeds, padded_length, pad_embedding)
+            input_shape = inputs_embeds.size()[:-1]
+        return input_ids, inputs_embeds, attention_mask, position_ids, input_shape
+
+    return _pad_to_mult_of_chunk_length
 
 
 @register_patch("dynamo", "transformers.models.reformer.modeling_reformer.LSHSelfAttention._hash_vectors")

@@ -545,6 +545,16 @@ def test_xcodec_keeps_its_audio_length_symbolic():
     assert unsolved.stage == "torch-export" and "solve_univariate_inequality" in unsolved.message
 
 
+def test_reformer_keeps_its_batch_and_length_symbolic():
+    # exported on 2 samples of 7 tokens (padded by 1), run on 3 of 5 (padded by 3)
+    without = _dynamic_cell_with_and_without(
+        "ReformerModel", "_patch_reformer_axial_positions_gathered", "_patch_reformer_padding_written_over"
+    )
+    looped, concatenated = without.values()
+    assert looped.stage == "dynamic-axes" and "input_ids axis 0 = 2 (second set: 3)" in looped.message
+    assert concatenated.stage == "run" and "4 + -1 * (input_ids.size()[1] % 4) == 1" in concatenated.message
+
+
 @pytest.mark.parametrize("name, workaround, text", [
     ("MambaModel", "_patch_selective_scan_as_scan_op", "input_ids"),
     ("RecurrentGemmaModel", "_patch_rg_lru_scan_as_scan_op", "input_ids"),
