@@ -73,6 +73,13 @@ class Exported:
                     )
             else:
                 traced[name] = value
+        from .exporter_dynamo import object_state_difference  # which imports this module
+
+        for name, baked in self.metadata.get("object_states", {}).items():
+            difference = object_state_difference(traced[name], baked) if name in traced else None
+            if difference:
+                raise ValueError(f"{name} differs from the state baked into this {self.backend} export ({difference});"
+                                 " export again to change it")
         return self.run_named(named_leaves(traced))
 
     def run_named(self, named: dict[str, Any]) -> dict[str, Any]:
@@ -129,6 +136,7 @@ def build_metadata(backend: str, model, traced, config, log) -> dict:
         "output_names": list(traced.output_names),
         "input_shapes": traced.input_shapes(),
         "constants": {name: _jsonable(value) for name, value in traced.constants.items()},
+        "object_states": traced.object_states(),
         "config": {key: _jsonable(value) for key, value in asdict(config).items()},
         "stages": log.stages,
         "applied": log.applied,

@@ -114,6 +114,37 @@ class Traced:
         }
 
 
+    def object_states(self) -> dict[str, str]:
+        """The non-tensor state (lengths, flags) of each input object flattened by this module's pytree nodes (a
+        cache's), as the JSON the trace kept: the program computed with these values and no input carries them."""
+        kwargs_spec = self.program.call_spec.in_spec.child(1)
+        return {name: spec.context for name, spec in zip(kwargs_spec.context, kwargs_spec.children())
+                if isinstance(spec.context, str) and _pytree.SUPPORTED_NODES[spec.type].flatten_fn is _flatten}
+
+
+def object_state_difference(value: Any, baked: str) -> str | None:
+    """Where ``value``'s non-tensor state differs from the ``baked`` one (``layers.0.cumulative_length: 5, exported
+    with 7``), or None."""
+    node = _pytree.SUPPORTED_NODES.get(type(value))
+    if node is None or node.flatten_fn is not _flatten:
+        return f"a {type(value).__name__}, exported with another type"
+    return _first_difference(json.loads(_flatten(value)[1]), json.loads(baked), "")
+
+
+def _first_difference(here: Any, there: Any, path: str) -> str | None:
+    if here == there:
+        return None
+    if type(here) is list and type(there) is list and len(here) == len(there):
+        pairs = [(f"{path}.{i}", a, b) for i, (a, b) in enumerate(zip(here, there))]
+    elif all(isinstance(node, dict) and node.get(_TAG) == "object" for node in (here, there)) and (
+        here["class"] == there["class"] and here["state"].keys() == there["state"].keys()
+    ):
+        pairs = [(f"{path}.{key}", here["state"][key], there["state"][key]) for key in here["state"]]
+    else:
+        return f"{path.lstrip('.') or 'its structure'}: {here!r}, exported with {there!r}"
+    return next(filter(None, (_first_difference(a, b, where) for where, a, b in pairs)), None)
+
+
 def _size_or_symbol(size) -> int | str:
     # a symbol a later guard pinned to one value prints as that value
     text = str(size)

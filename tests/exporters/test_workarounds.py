@@ -392,6 +392,16 @@ def test_a_static_export_bakes_in_the_image_and_audio_geometry(monkeypatch, name
         _export(context, backend)
 
 
+def test_a_cache_whose_lengths_differ_from_the_export_is_refused():
+    """Diffusion Gemma's decoder reads a prompt cache: its sliding layer counts the prompt's tokens in a Python int,
+    which the trace bakes in. A prompt of another length was computed with the wrong positions, silently."""
+    context = _built_by_the_sweep("DiffusionGemmaDecoderModel")
+    exported = _export(context, "dynamo", dynamic=True)
+    assert_parity(exported(**context.inputs["A"]), context.expected["A"], TOLERANCE["dynamo"])
+    with pytest.raises(ValueError, match=r"past_key_values .*\(layers\.0\.cumulative_length: 5, exported with 7\)"):
+        exported(**context.inputs["B"])
+
+
 CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaround, error without it)
     ("Gemma3ForSequenceClassification", "onnx", "_patch_mask_by_broadcast", "vmapped"),  # bidirectional images
     ("LongcatFlashModel", "dynamo", "_patch_longcat_flash_experts_dense", "data-dependent"),
@@ -1305,6 +1315,25 @@ MODULE_CASES = [  # (backend, module, inputs, workaround, error without it)
     ("executorch", _PickedColumns, {"x": torch.randn(2, 5, 8), "keep": torch.tensor([True, False, True, True, False])},
      "_patch_dim_order_of_contiguous_strides", r"data-dependent expression 8\*u\d+ < 8"),
 ]  # fmt: skip
+
+
+class _BucketsModuloLength(torch.nn.Module):
+    """Reformer's LSH attention takes its sorted positions modulo the (padded) sequence length."""
+
+    def forward(self, positions):
+        return positions % positions.shape[1]
+
+
+def test_a_remainder_by_a_symbolic_size_runs_in_onnx_runtime():
+    model, positions = _BucketsModuloLength(), torch.arange(-6, 8).view(2, 7)
+    exporter, config = exporters.exporter_for("onnx", dynamic=True)
+    exported = exporter.export(model, {"positions": positions}, config)
+    assert "_fix_remainder_by_a_symbolic_size" in exported.applied
+    other = torch.arange(-9, 6).view(3, 5)  # Python's sign: the divisor's
+    (remainders,) = exported(positions=other).values()
+    assert torch.equal(torch.as_tensor(remainders), model(other))
+    with disabled_workarounds("_fix_remainder_by_a_symbolic_size"), pytest.raises(exporters.ExportError, match="int()"):
+        exporter.export(model, {"positions": positions}, config)
 
 
 @pytest.mark.parametrize("backend, module, inputs, workaround, error", MODULE_CASES, ids=[c[3] for c in MODULE_CASES])
