@@ -350,6 +350,23 @@ def _fix_squeeze_of_a_longer_axis(graph_module, node) -> bool:
     return True
 
 
+@register_fx_node_fix("onnx")
+def _fix_remainder_by_a_symbolic_size(graph_module, node) -> bool:
+    """`x % n` with `n` a size the trace keeps symbolic (Reformer's LSH buckets modulo its padded length) is
+    `remainder.Scalar`, whose torch.onnx function reads `n` as a Python number ("int() argument must be ..., not
+    'SymbolicTensor'"). `n` as a 0-d tensor of `x`'s type goes through the tensor overload, the same remainder."""
+    if node.target is not torch.ops.aten.remainder.Scalar or not isinstance(node.args[1], torch.fx.Node):
+        return False
+    tensor, size = node.args[:2]
+    with graph_module.graph.inserting_before(node):
+        divisor = graph_module.graph.call_function(
+            torch.ops.aten.scalar_tensor.default, (size,), {"dtype": tensor.meta["val"].dtype}
+        )
+    divisor.meta["val"] = tensor.meta["val"].new_empty(())
+    node.target, node.args = torch.ops.aten.remainder.Tensor, (tensor, divisor)
+    return True
+
+
 # ── Stage 4: ONNX translations ───────────────────────────────────────────────
 # `@register_onnx_translation(torch.ops.aten.<op>.<overload>)` on an onnxscript function `_aten_<op>`.
 
