@@ -451,6 +451,26 @@ def _patch_image_features_split_kept_whole(original):
 
 @register_patch(
     "dynamo",
+    *(f"transformers.models.{module}.modeling_{module}.{tower}.permute_input_for_window_attn" for module, tower in (
+        ("qwen2_5_vl", "Qwen2_5_VisionTransformerPretrainedModel"), ("qwen2_5_omni", "Qwen2_5OmniVisionEncoder"),
+        ("exaone4_5", "Exaone4_5_VisionModel"))),
+)
+def _patch_window_order_sized_by_the_index(_original):
+    """Qwen2.5-VL-style towers put their merged patches in window order by reshaping to (patches // unit, unit,
+    -1). With a symbolic patch count `s` the reshape's sizes come out as `s // (s // 4)`, which has no upper bound,
+    and ExecuTorch plans such a tensor for its traced size only (an attention mask 32 long, asked for 48). The
+    rows of each merged patch gathered in window order are the same rows, `len(window_index) * unit` of them."""
+
+    def permute_input_for_window_attn(self, input_tensor, window_index, seq_len):
+        unit = self.spatial_merge_unit
+        rows = window_index[:, None] * unit + torch.arange(unit, device=window_index.device)
+        return input_tensor[rows.flatten()]
+
+    return permute_input_for_window_attn
+
+
+@register_patch(
+    "dynamo",
     "transformers.models.sew.modeling_sew.SEWEncoder.forward",
     "transformers.models.sew_d.modeling_sew_d.SEWDEncoder.forward",
     reports=True,

@@ -2,6 +2,7 @@
 
 import contextlib
 import math
+import types
 
 import pytest
 import torch
@@ -510,8 +511,8 @@ def test_blt_hashes_the_same_byte_groups_by_gather_and_keeps_its_length_symbolic
         "input_ids axis 1 = 7 (second set: 5)", "attention_mask axis 1 = 7 (second set: 5)"]}
 
 
-def _dynamic_cell_with_and_without(name, *workarounds):
-    """``name``'s Dynamo dynamic cell as the sweep runs it: with every workaround, and with each one disabled. For
+def _dynamic_cell_with_and_without(name, *workarounds, backend="dynamo"):
+    """``name``'s dynamic cell as the sweep runs it: with every workaround, and with each one disabled. For
     models whose exported outputs are not eager's one for one (a tensor where eager returns None, cache leaves),
     the sweep's parity compares the outputs eager has."""
     from harness.cells import Cell, ClassContext, run_cell
@@ -519,13 +520,32 @@ def _dynamic_cell_with_and_without(name, *workarounds):
 
     model_class = select(name)[0]
     context = ClassContext(model_class)
-    with_them = run_cell(Cell(model_class, "dynamo", "dynamic"), context)
+    with_them = run_cell(Cell(model_class, backend, "dynamic"), context)
     assert (with_them.status, with_them.message) == ("pass", None) and set(workarounds) <= set(with_them.applied)
     without = {}
     for workaround in workarounds:
         with disabled_workarounds(workaround):
-            without[workaround] = run_cell(Cell(model_class, "dynamo", "dynamic"), context)
+            without[workaround] = run_cell(Cell(model_class, backend, "dynamic"), context)
     return without
+
+
+def test_qwen2_5_vl_window_order_keeps_a_bounded_length_for_executorch():
+    # exported with 2 images of 16 patches, run with 3: the window-ordered rows were planned for 32
+    (record,) = _dynamic_cell_with_and_without(
+        "Qwen2_5_VLModel", "_patch_window_order_sized_by_the_index", backend="executorch"
+    ).values()
+    assert record.stage == "run" and "0x12" in record.message
+
+
+def test_the_gathered_window_order_is_the_reshaped_one():
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel as Tower
+
+    from exporters.exporter_dynamo import _patch_window_order_sized_by_the_index
+
+    tower = types.SimpleNamespace(spatial_merge_unit=4)
+    rows, window_index = torch.randn(24, 5), torch.randperm(6)
+    gathered = _patch_window_order_sized_by_the_index(None)(tower, rows, window_index, 24)
+    assert torch.equal(gathered, Tower.permute_input_for_window_attn(tower, rows, window_index, 24))
 
 
 def test_clipseg_keeps_its_batch_symbolic_where_it_counts_its_prompts_with_len():
