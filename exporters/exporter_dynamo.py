@@ -1829,7 +1829,10 @@ def _patch_lstm_as_scan_op(original):
                     return [hidden, cell], hidden.clone()  # the carry and the output must not alias
 
                 index = layer * directions + direction
-                (hidden, cell), output = scan(step, [hx[0][index], hx[1][index]], projected)
+                # copies: the initial states may be one tensor (zeros, or a cache's), and a scan's inputs must not
+                # alias one another when ONNX and ExecuTorch decompose it
+                initial = [hx[0][index].clone(), hx[1][index].clone()]
+                (hidden, cell), output = scan(step, initial, projected)
                 outputs.append(output.flip(0) if direction else output)
                 last_hidden.append(hidden)
                 last_cell.append(cell)

@@ -332,14 +332,17 @@ def _fix_reshape_of_strided_view(graph_module, node) -> bool:
 @register_fx_node_fix("onnx")
 def _fix_squeeze_of_a_longer_axis(graph_module, node) -> bool:
     """`squeeze(dim)` leaves an axis longer than 1 as it is; torch.onnx still emits a Squeeze of it, which ONNX
-    Runtime refuses when it loads the model ("Dimension of input 0 must be 1 instead of 8"; Mistral 3's
-    projector). Such axes leave the list, and a squeeze left with none is its input."""
+    Runtime refuses when it loads or runs the model ("Dimension of input 0 must be 1 instead of 8"; Mistral 3's
+    projector, a transducer's joint over a symbolic label length, which export keeps at 2 or more). Such axes
+    leave the list, and a squeeze left with none is its input."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
     if node.target not in (torch.ops.aten.squeeze.dim, torch.ops.aten.squeeze.dims):
         return False
     source, dims = node.args[:2]
     shape = source.meta["val"].shape
     dims = [dims] if isinstance(dims, int) else list(dims)
-    kept = [dim for dim in dims if not (isinstance(shape[dim], int) and shape[dim] != 1)]
+    kept = [dim for dim in dims if not statically_known_true(shape[dim] != 1)]
     if len(kept) == len(dims):
         return False
     if kept:
