@@ -32,6 +32,7 @@ from .utils import (
     StageLog,
     apply_fx_node_fixes,
     apply_patches,
+    applied_reporter,
     contiguous_copy,
     is_backend_internal,
     register_fx_node_fix,
@@ -269,6 +270,43 @@ def _patch_fused_bounds_named_by_their_node(original):
         return original(self, first_node, second_node, second_node.name)
 
     return compute_constants
+
+
+@register_patch(
+    "onnx", "onnxscript.optimizer._constant_folding.PartialEvaluatorRegistry.lookup_evaluators", reports=True
+)
+def _patch_split_by_a_symbolic_size_left_unfolded(original):
+    """The optimizer turns `SplitToSequence` into `Split`s when it knows the split sizes or their count. A split
+    size that is one symbolic number (a split by a length the export keeps dynamic; ProphetNet's decoder) gives
+    neither, and the folding fails on it ("'NoneType' object has no attribute 'ndim'") instead of leaving the node,
+    which ONNX Runtime runs as it is."""
+    from onnxscript.optimizer._constant_folding import _get_numpy_value
+
+    def unknown_scalar_split(node) -> bool:
+        split = node.inputs[1] if len(node.inputs) > 1 else None
+        return split is not None and split.shape is not None and split.shape.rank() == 0 and (
+            _get_numpy_value(split) is None
+        )
+
+    def lookup_evaluators(self, domain, opname, version):
+        evaluators = original(self, domain, opname, version)
+        if (domain, opname) != ("", "SplitToSequence"):
+            return evaluators
+
+        report = applied_reporter()  # the evaluators run after this lookup returns
+
+        def guarded(evaluator):
+            def evaluate(node, op, state):
+                if unknown_scalar_split(node):
+                    report()
+                    return None
+                return evaluator(node, op, state)
+
+            return evaluate
+
+        return [guarded(evaluator) for evaluator in evaluators]
+
+    return lookup_evaluators
 
 
 @register_patch("onnx", "onnxscript.rewriter._matcher.SimplePatternMatcher._match_constant", reports=True)

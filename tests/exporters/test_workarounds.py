@@ -1360,6 +1360,27 @@ MODULE_CASES = [  # (backend, module, inputs, workaround, error without it)
 ]  # fmt: skip
 
 
+class _MainAndPredictedStreams(torch.nn.Module):
+    """ProphetNet's decoder cuts its hidden states into the main and the predicting streams, halves of a length."""
+
+    def forward(self, hidden):
+        main, predicted = hidden.chunk(2, dim=1)
+        return main * 2 + predicted
+
+
+def test_a_split_by_a_symbolic_size_is_left_to_onnx_runtime():
+    model, hidden = _MainAndPredictedStreams(), torch.randn(2, 8, 4)
+    exporter, config = exporters.exporter_for("onnx", dynamic=True)
+    exported = exporter.export(model, {"hidden": hidden}, config)
+    assert "_patch_split_by_a_symbolic_size_left_unfolded" in exported.applied
+    other = torch.randn(3, 12, 4)
+    (streams,) = exported(hidden=other).values()
+    torch.testing.assert_close(torch.as_tensor(streams), model(other), atol=1e-6, rtol=1e-6)
+    with disabled_workarounds("_patch_split_by_a_symbolic_size_left_unfolded"):
+        with pytest.raises(exporters.ExportError, match="optimize"):
+            exporter.export(model, {"hidden": hidden}, config)
+
+
 class _BucketsModuloLength(torch.nn.Module):
     """Reformer's LSH attention takes its sorted positions modulo the (padded) sequence length."""
 
