@@ -469,6 +469,27 @@ def _patch_window_order_sized_by_the_index(_original):
     return permute_input_for_window_attn
 
 
+@register_patch("dynamo", "torch.nn.ModuleList.__getitem__", reports=True)
+def _patch_linear_picked_by_a_symbolic_index(original):
+    """A list of like linear layers indexed by a symbolic number (Qwen3-Omni's code predictor picks its head by the
+    prompt's length) would need a Python index, which fixes the length. One layer whose weight is the stacked
+    weights indexed by that number computes the same."""
+
+    def __getitem__(self, index):
+        if not isinstance(index, torch.SymInt):
+            return original(self, index)
+        layers = list(self)
+        shapes = {(type(layer), layer.weight.shape, layer.bias is None) for layer in layers}
+        if len(shapes) != 1 or next(iter(shapes))[0] is not torch.nn.Linear:
+            return original(self, index)
+        report_applied()
+        weight = torch.stack([layer.weight for layer in layers])[index]
+        bias = None if layers[0].bias is None else torch.stack([layer.bias for layer in layers])[index]
+        return functools.partial(torch.nn.functional.linear, weight=weight, bias=bias)
+
+    return __getitem__
+
+
 @register_patch(
     "dynamo",
     "transformers.models.sew.modeling_sew.SEWEncoder.forward",

@@ -548,6 +548,14 @@ def test_the_gathered_window_order_is_the_reshaped_one():
     assert torch.equal(gathered, Tower.permute_input_for_window_attn(tower, rows, window_index, 24))
 
 
+def test_a_head_picked_by_the_prompt_length_keeps_the_length_symbolic():
+    # Qwen3-Omni's code predictor: head `length - 2` of a list of linears
+    (record,) = _dynamic_cell_with_and_without(
+        "Qwen3OmniMoeTalkerCodePredictorModelForConditionalGeneration", "_patch_linear_picked_by_a_symbolic_index"
+    ).values()
+    assert record.stage == "dynamic-axes" and "inputs_embeds axis 1 = 7 (second set: 5)" in record.message
+
+
 def test_clipseg_keeps_its_batch_symbolic_where_it_counts_its_prompts_with_len():
     without = _dynamic_cell_with_and_without("CLIPSegForImageSegmentation", "_patch_len_of_tensor_symbolic")
     (record,) = without.values()
