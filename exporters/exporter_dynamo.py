@@ -113,7 +113,6 @@ class Traced:
             if hasattr(node.meta.get("val"), "shape")
         }
 
-
     def object_states(self) -> dict[str, str]:
         """The non-tensor state (lengths, flags) of each input object flattened by this module's pytree nodes (a
         cache's), as the JSON the trace kept: the program computed with these values and no input carries them."""
