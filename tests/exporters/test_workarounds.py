@@ -1389,6 +1389,26 @@ def test_a_split_by_a_symbolic_size_is_left_to_onnx_runtime():
             exporter.export(model, {"hidden": hidden}, config)
 
 
+class _TanhGelu(torch.nn.Module):
+    """Gemma's and SigLIP's MLPs: `gelu_pytorch_tanh`."""
+
+    def forward(self, x):
+        return torch.nn.functional.gelu(x, approximate="tanh")
+
+
+def test_executorch_computes_the_tanh_gelu_asked_for():
+    model, x = _TanhGelu(), torch.linspace(-4, 4, 81).view(1, 81)  # the forms differ most near -2.7: 4.7e-4
+    exporter, config = exporters.exporter_for("executorch")
+    exported = exporter.export(model, {"x": x}, config)
+    assert "_patch_xnnpack_exact_gelu_only" in exported.applied
+    (tanh_form,) = exported(x=x).values()
+    torch.testing.assert_close(tanh_form, model(x), atol=1e-6, rtol=1e-6)
+    with disabled_workarounds("_patch_xnnpack_exact_gelu_only"):
+        (delegated,) = exporter.export(model, {"x": x}, config)(x=x).values()
+    assert (delegated - model(x)).abs().max() > 4e-4
+    torch.testing.assert_close(delegated, torch.nn.functional.gelu(x), atol=1e-6, rtol=1e-6)  # the exact form
+
+
 class _BucketsModuloLength(torch.nn.Module):
     """Reformer's LSH attention takes its sorted positions modulo the (padded) sequence length."""
 
