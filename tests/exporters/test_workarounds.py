@@ -511,30 +511,46 @@ def test_blt_hashes_the_same_byte_groups_by_gather_and_keeps_its_length_symbolic
         "input_ids axis 1 = 7 (second set: 5)", "attention_mask axis 1 = 7 (second set: 5)"]}
 
 
-def _dynamic_cell_with_and_without(name, *workarounds, backend="dynamo"):
-    """``name``'s dynamic cell as the sweep runs it: with every workaround, and with each one disabled. For
-    models whose exported outputs are not eager's one for one (a tensor where eager returns None, cache leaves),
-    the sweep's parity compares the outputs eager has."""
+DYNAMIC_CELL_CASES = [  # (model class, backend, {workaround: (stage, message) of its dynamic cell without it})
+    # exported with 2 images of 16 patches, run with 3: the window-ordered rows were planned for 32
+    ("Qwen2_5_VLModel", "executorch", {"_patch_window_order_sized_by_the_index": ("run", "0x12")}),
+    # Qwen3-Omni's code predictor: head `length - 2` of a list of linears
+    ("Qwen3OmniMoeTalkerCodePredictorModelForConditionalGeneration", "dynamo",
+     {"_patch_linear_picked_by_a_symbolic_index": ("dynamic-axes", "inputs_embeds axis 1 = 7 (second set: 5)")}),
+    # counts its prompts with `len(input_ids)`
+    ("CLIPSegForImageSegmentation", "dynamo",
+     {"_patch_len_of_tensor_symbolic": ("dynamic-axes", "input_ids axis 0 = 2 (second set: 3)")}),
+    # LFM3 (kernel 7) exported on a 7-token prompt meets a 5-token one, which eager pads
+    ("Lfm3Model", "dynamo",
+     {"_patch_conv_state_padded_to_its_kernel_always": ("run", "Guard failed: input_ids.size()[1] >= 7")}),
+    ("EncodecModel", "dynamo",
+     {"_patch_encodec_one_chunk_as_one_offset": ("dynamic-axes", "input_values axis 2 = 8000")}),
+    ("XcodecModel", "dynamo", {"_patch_conv1d_output_length_floor_divided": ("run", "Guard failed: math.trunc"),
+                               "_patch_dim_constraints_unsolvable_left_as_guards": ("torch-export",
+                                                                                    "solve_univariate_inequality")}),
+    # exported on 2 samples of 7 tokens (padded by 1), run on 3 of 5 (padded by 3)
+    ("ReformerModel", "dynamo",
+     {"_patch_reformer_axial_positions_gathered": ("dynamic-axes", "input_ids axis 0 = 2 (second set: 3)"),
+      "_patch_reformer_padding_written_over": ("run", "4 + -1 * (input_ids.size()[1] % 4) == 1")}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, backend, failures", DYNAMIC_CELL_CASES, ids=[case[0] for case in DYNAMIC_CELL_CASES])
+def test_a_dynamic_cell_passes_with_its_workarounds_and_fails_without_each(name, backend, failures):
+    """``name``'s dynamic cell as the sweep runs it, with every workaround and with each one disabled: for models
+    whose exported outputs are not eager's one for one (a tensor where eager returns None, cache leaves), the
+    sweep's parity compares the outputs eager has."""
     from harness.cells import Cell, ClassContext, run_cell
     from harness.models import select
 
     model_class = select(name)[0]
     context = ClassContext(model_class)
     with_them = run_cell(Cell(model_class, backend, "dynamic"), context)
-    assert (with_them.status, with_them.message) == ("pass", None) and set(workarounds) <= set(with_them.applied)
-    without = {}
-    for workaround in workarounds:
+    assert (with_them.status, with_them.message) == ("pass", None) and set(failures) <= set(with_them.applied)
+    for workaround, (stage, message) in failures.items():
         with disabled_workarounds(workaround):
-            without[workaround] = run_cell(Cell(model_class, backend, "dynamic"), context)
-    return without
-
-
-def test_qwen2_5_vl_window_order_keeps_a_bounded_length_for_executorch():
-    # exported with 2 images of 16 patches, run with 3: the window-ordered rows were planned for 32
-    (record,) = _dynamic_cell_with_and_without(
-        "Qwen2_5_VLModel", "_patch_window_order_sized_by_the_index", backend="executorch"
-    ).values()
-    assert record.stage == "run" and "0x12" in record.message
+            without = run_cell(Cell(model_class, backend, "dynamic"), context)
+        assert without.stage == stage and message in without.message, workaround
 
 
 def test_the_gathered_window_order_is_the_reshaped_one():
@@ -546,51 +562,6 @@ def test_the_gathered_window_order_is_the_reshaped_one():
     rows, window_index = torch.randn(24, 5), torch.randperm(6)
     gathered = _patch_window_order_sized_by_the_index(None)(tower, rows, window_index, 24)
     assert torch.equal(gathered, Tower.permute_input_for_window_attn(tower, rows, window_index, 24))
-
-
-def test_a_head_picked_by_the_prompt_length_keeps_the_length_symbolic():
-    # Qwen3-Omni's code predictor: head `length - 2` of a list of linears
-    (record,) = _dynamic_cell_with_and_without(
-        "Qwen3OmniMoeTalkerCodePredictorModelForConditionalGeneration", "_patch_linear_picked_by_a_symbolic_index"
-    ).values()
-    assert record.stage == "dynamic-axes" and "inputs_embeds axis 1 = 7 (second set: 5)" in record.message
-
-
-def test_clipseg_keeps_its_batch_symbolic_where_it_counts_its_prompts_with_len():
-    without = _dynamic_cell_with_and_without("CLIPSegForImageSegmentation", "_patch_len_of_tensor_symbolic")
-    (record,) = without.values()
-    assert record.stage == "dynamic-axes" and "input_ids axis 0 = 2 (second set: 3)" in record.message
-
-
-def test_a_hybrid_model_pads_its_conv_states_for_a_prompt_shorter_than_its_kernel():
-    # LFM3 (kernel 7) exported on a 7-token prompt meets a 5-token one, which eager pads
-    without = _dynamic_cell_with_and_without("Lfm3Model", "_patch_conv_state_padded_to_its_kernel_always")
-    (record,) = without.values()
-    assert record.stage == "run" and "Guard failed: input_ids.size()[1] >= 7" in record.message
-
-
-def test_encodec_encodes_one_chunk_of_a_symbolic_length():
-    (record,) = _dynamic_cell_with_and_without("EncodecModel", "_patch_encodec_one_chunk_as_one_offset").values()
-    assert record.stage == "dynamic-axes" and "input_values axis 2 = 8000" in record.message
-
-
-def test_xcodec_keeps_its_audio_length_symbolic():
-    without = _dynamic_cell_with_and_without(
-        "XcodecModel", "_patch_conv1d_output_length_floor_divided", "_patch_dim_constraints_unsolvable_left_as_guards"
-    )
-    truncated, unsolved = without.values()
-    assert truncated.stage == "run" and "Guard failed: math.trunc" in truncated.message
-    assert unsolved.stage == "torch-export" and "solve_univariate_inequality" in unsolved.message
-
-
-def test_reformer_keeps_its_batch_and_length_symbolic():
-    # exported on 2 samples of 7 tokens (padded by 1), run on 3 of 5 (padded by 3)
-    without = _dynamic_cell_with_and_without(
-        "ReformerModel", "_patch_reformer_axial_positions_gathered", "_patch_reformer_padding_written_over"
-    )
-    looped, concatenated = without.values()
-    assert looped.stage == "dynamic-axes" and "input_ids axis 0 = 2 (second set: 3)" in looped.message
-    assert concatenated.stage == "run" and "4 + -1 * (input_ids.size()[1] % 4) == 1" in concatenated.message
 
 
 @pytest.mark.parametrize("name, workaround, text", [
