@@ -1809,6 +1809,53 @@ def _patch_rwkv_attention_as_scan_op(original):
     return rwkv_linear_attention_cpu
 
 
+@register_patch("dynamo", "transformers.models.xlstm.modeling_xlstm.xLSTMBackend.forward", reports=True)
+def _patch_mlstm_inference_as_scan_op(original):
+    """xLSTM's inference kernel runs whole chunks of 64 steps in its chunkwise form and the rest one step at a time
+    in a Python loop; both fix a symbolic length. The recurrent step is the same recurrence the chunkwise form
+    reformulates, so `scan` over the model's own step covers every length (see `_patch_selective_scan_as_scan_op`).
+    Training mode keeps its kernel."""
+    from torch._higher_order_ops.scan import scan
+
+    def forward(self, query, key, value, igate, fgate, c_initial=None, n_initial=None, m_initial=None,
+                return_last_states=None, mode=None):  # fmt: skip
+        mode = mode or self.config.mode
+        if "inference" not in mode or not isinstance(query.shape[2], torch.SymInt):
+            return original(self, query, key, value, igate, fgate, c_initial, n_initial, m_initial,
+                            return_last_states, mode)  # fmt: skip
+        report_applied()
+        state_dtype = getattr(torch, self.config.inference_state_dtype)
+        batch, heads, _, key_size = query.shape
+        if c_initial is None:
+            c_initial = query.new_zeros(batch, heads, key_size, value.shape[-1], dtype=state_dtype)
+            n_initial = query.new_zeros(batch, heads, key_size, dtype=state_dtype)
+            m_initial = query.new_zeros(batch, heads, 1, dtype=state_dtype)
+        eps = self.config.eps
+
+        def step(carry, inputs):  # `mlstm_recurrent_step_native`, without its shape checks
+            memory, normalizer, maximum = carry
+            step_query, step_key, step_value, step_igate, step_fgate = inputs
+            forget_log = torch.nn.functional.logsigmoid(step_fgate[:, :, None])
+            new_maximum = torch.max(forget_log + maximum, step_igate[:, :, None])
+            forget = torch.exp(forget_log + maximum - new_maximum)
+            remember = torch.exp(step_igate[:, :, None] - new_maximum)
+            scaled_query = step_query * key_size**-0.5
+            memory = forget[..., None] * memory + remember[..., None] * step_key[..., None] * step_value[..., None, :]
+            normalizer = forget * normalizer + remember * step_key
+            numerator = (scaled_query[..., None] * memory.to(query.dtype)).sum(-2).to(state_dtype)
+            dot = (scaled_query * normalizer.to(query.dtype)).sum(-1, keepdim=True)
+            denominator = (torch.maximum(dot.abs(), torch.exp(-new_maximum)) + eps).to(state_dtype)
+            return [memory, normalizer, new_maximum], (numerator / denominator).to(query.dtype)
+
+        # time first; copies, as a scan's inputs must not alias one another
+        steps = [tensor.movedim(2, 0).contiguous() for tensor in (query, key, value, igate, fgate)]
+        initial = [state.to(state_dtype, copy=True) for state in (c_initial, n_initial, m_initial)]
+        last, outputs = scan(step, initial, steps)
+        return outputs.movedim(0, 2), tuple(last)
+
+    return forward
+
+
 @register_patch("dynamo", "torch.nn.LSTM.forward", reports=True)
 def _patch_lstm_as_scan_op(original):
     """`nn.LSTM` traces as one `aten.lstm` op whose shape rule fixes the sequence length (Parakeet's and Nemotron's

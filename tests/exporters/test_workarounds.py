@@ -569,10 +569,25 @@ def test_the_gathered_window_order_is_the_reshaped_one():
     ("RecurrentGemmaModel", "_patch_rg_lru_scan_as_scan_op", "input_ids"),
     ("RwkvModel", "_patch_rwkv_attention_as_scan_op", "input_ids"),
     ("ParakeetForRNNT", "_patch_lstm_as_scan_op", "decoder_input_ids"),  # its prediction network
+    ("xLSTMModel", "_patch_mlstm_inference_as_scan_op", "input_ids"),
 ])  # fmt: skip
 def test_recurrences_over_time_keep_a_symbolic_length_as_scan_ops(name, workaround, text):
     fixed = _fixed_axes_with_and_without(name, [workaround])
     assert f"{text} axis 1 = 7 (second set: 5)" in fixed[workaround]
+
+
+def test_mlstm_as_a_scan_is_the_chunkwise_form_past_a_whole_chunk():
+    """Exported on 7 tokens, where eager loops step by step too; run on 70, where eager runs a chunk of 64 in its
+    chunkwise form and 6 steps."""
+    context = _built_by_the_sweep("xLSTMModel")
+    assert context.model.config.chunk_size == 64
+    exporter, config = exporters.exporter_for("dynamo", dynamic=True,
+                                              dynamic_shapes={"input_ids": {1: torch.export.Dim.AUTO}})
+    exported = exporter.export(context.model, {"input_ids": context.inputs["A"]["input_ids"]}, config)
+    longer = torch.randint(0, context.model.config.vocab_size, (2, 70))
+    with torch.no_grad():
+        expected = context.model(input_ids=longer).last_hidden_state
+    torch.testing.assert_close(exported(input_ids=longer)["last_hidden_state"], expected, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("backend", ["dynamo", "onnx"])  # ONNX: a scan whose initial states alias is refused
