@@ -431,6 +431,52 @@ def _patch_edge_verifier_python_symbolic_ops(original):
     return EXIREdgeDialectVerifier
 
 
+@register_patch("executorch", "executorch.exir.emit._emitter._Emitter._emit_scan", reports=True)
+def _patch_scan_carries_resized(original):
+    """ExecuTorch runs a `scan` as a loop that writes each carry into its buffer with `copy_`, which never resizes
+    the buffer, and stacks each step's output with `et_copy_index`, which compares the step with the stack's
+    trailing sizes as planned (the upper bounds). A scan whose carries have a dynamic axis (a batch of 3 in a
+    program traced with 2) fails at run time (0x12); a dynamic scan length alone runs. The carries are written with
+    `clone.out`, which resizes its output, and before each stacking the stack is resized (`empty.out`, which keeps
+    its memory) to the rows it holds and the step's sizes."""
+    from executorch.exir.schema import EValue, Instruction, Int, IntList, KernelCall, Null
+    from torch.fx.experimental.symbolic_shapes import free_symbols
+
+    def _emit_scan(self, args, outputs):
+        carry_count = len(args[1])
+        if not any(free_symbols(value.shape) for value in self.node.meta["val"][:carry_count]):
+            return original(self, args, outputs)
+        report_applied()
+        start = len(self.chain.instructions)
+        emitted = original(self, args, outputs)
+        carries = {value.id for value in outputs[:carry_count]}
+        operator = {name: self._get_operator(name=name, overload=overload)[0] for name, overload in (
+            ("aten::copy_", ""), ("aten::clone", "out"), ("aten::sym_size", "int"), ("aten::empty", "out"),
+            ("executorch_prim::et_copy_index", "tensor"))}  # fmt: skip
+        null = self._emit_evalue(EValue(Null())).id
+        instructions = self.chain.instructions[:start]
+        for instruction in self.chain.instructions[start:]:
+            call = instruction.instr_args
+            if isinstance(call, KernelCall) and call.op_index == operator["aten::copy_"] and call.args[0] in carries:
+                destination, source = call.args[0], call.args[1]
+                call.op_index, call.args = operator["aten::clone"], [source, null, destination, destination]
+            elif isinstance(call, KernelCall) and call.op_index == operator["executorch_prim::et_copy_index"]:
+                stack, step, row = call.args
+                sizes = [row]
+                for axis in range(len(self.emitter_state.values[step].val.sizes)):
+                    size = self._emit_evalue(EValue(Int(0))).id
+                    instructions.append(Instruction(KernelCall(
+                        operator["aten::sym_size"], [step, self._emit_evalue(EValue(Int(axis))).id, size])))
+                    sizes.append(size)
+                shape = self._emit_evalue(EValue(IntList(sizes))).id
+                instructions.append(Instruction(KernelCall(operator["aten::empty"], [shape, null, stack, stack])))
+            instructions.append(instruction)
+        self.chain.instructions[:] = instructions
+        return emitted
+
+    return _emit_scan
+
+
 @register_patch(
     "executorch",
     "executorch.exir.tensor.dim_order_from_stride",

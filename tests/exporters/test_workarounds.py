@@ -590,19 +590,30 @@ def test_mlstm_as_a_scan_is_the_chunkwise_form_past_a_whole_chunk():
     torch.testing.assert_close(exported(input_ids=longer)["last_hidden_state"], expected, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("backend", ["dynamo", "onnx"])  # ONNX: a scan whose initial states alias is refused
+# ONNX: a scan whose initial states alias is refused; ExecuTorch: a scan whose carries have a dynamic batch
+@pytest.mark.parametrize("backend", ["dynamo", "onnx", "executorch"])
 def test_lstm_as_scan_ops_is_the_lstm_in_both_directions_of_every_layer(backend):
     lstm = torch.nn.LSTM(6, 5, num_layers=2, bidirectional=True, batch_first=True).eval()
-    length = torch.export.Dim("length", min=2, max=64)
-    exporter, config = exporters.exporter_for(backend, dynamic=True, dynamic_shapes={"input": {1: length}})
-    exported = exporter.export(lstm, {"input": torch.randn(2, 7, 6)}, config)
+    batch, length = torch.export.Dim("batch", min=1, max=8), torch.export.Dim("length", min=2, max=64)
+    exporter, config = exporters.exporter_for(backend, dynamic=True, dynamic_shapes={"input": {0: batch, 1: length}})
+
+    def export():
+        return exporter.export(lstm, {"input": torch.randn(2, 7, 6)}, config)
+
+    exported = export()
     assert "_patch_lstm_as_scan_op" in exported.applied
-    other = torch.randn(2, 11, 6)
+    other = torch.randn(3, 11, 6)
     with torch.no_grad():
         output, (hidden, cell) = lstm(other)
     got = list(exported(input=other).values())
     for value, expected in zip(got, (output, hidden, cell)):
         torch.testing.assert_close(value, expected, atol=1e-5, rtol=1e-5)
+    if backend == "executorch":
+        assert "_patch_scan_carries_resized" in exported.applied
+        with disabled_workarounds("_patch_scan_carries_resized"):
+            copied = export()
+        with pytest.raises(RuntimeError, match="0x12"):
+            copied(input=other)
 
 
 def test_funnel_relative_shift_as_a_gather_serves_every_length():
