@@ -108,6 +108,9 @@ class ExecutorchExporter:
                     )
                 traced = trace_model(model, inputs, config, log)
             with ExitStack() as active:
+                # an inference program: with autograd on, a scan lowers to its training form, whose saved sizes
+                # among its outputs fail the lowering ("'SymInt' object has no attribute 'unsqueeze'")
+                active.enter_context(torch.no_grad())
                 with log.stage("executorch-patches"):
                     active.enter_context(apply_patches("executorch", fired, select=is_backend_internal))
                 with log.stage("fx-program-fixes"):

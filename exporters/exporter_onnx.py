@@ -221,7 +221,9 @@ def _patch_refix_after_decompositions(original):
         log = _ACTIVE_LOG.get()
         if log is None:  # an ONNX export outside OnnxExporter
             return original(exported_program, *args, **kwargs)
-        with log.stage("decompositions"):
+        # an inference program: with autograd on, a scan decomposes to its training form, which returns the sizes
+        # it saves for backward among its outputs and fails ("'SymInt' object has no attribute 'unsqueeze'")
+        with log.stage("decompositions"), torch.no_grad():
             prepared = original(exported_program, *args, **kwargs)
             apply_fx_node_fixes("onnx", prepared.graph_module, log.applied)
             translated = {node.target for node in prepared.graph.nodes} & set(_ONNX_TRANSLATION_TABLE)

@@ -616,6 +616,19 @@ def test_lstm_as_scan_ops_is_the_lstm_in_both_directions_of_every_layer(backend)
             copied(input=other)
 
 
+@pytest.mark.parametrize("backend", ["onnx", "executorch"])
+def test_a_scan_lowers_in_its_inference_form(backend):
+    """Mamba's selective scan as `scan` (`_patch_selective_scan_as_scan_op`): lowered with autograd on, the scan
+    took its training form, whose saved sizes among its outputs failed the lowering."""
+    from harness.cells import Cell, ClassContext, run_cell
+    from harness.models import select
+
+    model_class = select("MambaModel")[0]
+    record = run_cell(Cell(model_class, backend, "dynamic"), ClassContext(model_class))
+    assert (record.status, record.message) == ("pass", None)
+    assert "_patch_selective_scan_as_scan_op" in record.applied
+
+
 def test_funnel_relative_shift_as_a_gather_serves_every_length():
     from transformers.models.funnel.modeling_funnel import _relative_shift_gather
 
