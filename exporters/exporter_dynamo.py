@@ -278,12 +278,12 @@ def _patch_experts_batched_mm(original):
     "dynamo",
     *(f"transformers.models.{name}.modeling_{name}.len"
       for name in ("rt_detr", "rt_detr_v2", "d_fine", "deimv2", "pp_doclayout_v2", "pp_doclayout_v3", "depth_pro",
-                   "clipseg")),
+                   "clipseg", "qwen2_5_omni")),
     reports=True,
 )
 def _patch_len_of_tensor_symbolic(original):
     """RT-DETR and the detectors built on its code read their batch size as `len(source_flatten)`, DepthPro counts
-    its patches per scale so, CLIPSeg its prompts. Python's `len` must answer an int, so a dynamic batch is fixed
+    its patches per scale so, CLIPSeg its prompts, Qwen2.5-Omni's vocoder its utterances. Python's `len` must answer an int, so a dynamic batch is fixed
     to the traced one; in these modules the length of a tensor is its first size, which stays symbolic."""
 
     def length(value):

@@ -491,6 +491,9 @@ def _fixed_axes_with_and_without(name, workarounds):
     ("DepthProModel", "_patch_len_of_tensor_symbolic", ["pixel_values axis 0 = 2 (second set: 3)"]),
     ("EsmForProteinFolding", "_patch_range_of_symbolic_batch_as_arange", [
         "input_ids axis 0 = 2 (second set: 3)", "attention_mask axis 0 = 2 (second set: 3)"]),
+    ("Qwen2_5OmniToken2WavDiTModel", "_patch_len_of_tensor_symbolic", [  # its speaker pooling's mask
+        f"{name} axis 0 = 2 (second set: 3)" for name in (
+            "hidden_states", "condition_vector", "speaker_embedding", "quantized_code", "time_step")]),
 ])  # fmt: skip
 def test_a_symbolic_batch_stays_where_the_code_reads_it_as_a_python_int(name, workaround, fixed_without):
     assert _fixed_axes_with_and_without(name, [workaround]) == {workaround: fixed_without}
