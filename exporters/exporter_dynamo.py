@@ -718,6 +718,26 @@ def _patch_sdpa_skips_a_future_only_mask_as_eager_does(original):
     return get_interface
 
 
+@register_patch("dynamo", "transformers.models.phi4_multimodal.modeling_phi4_multimodal.create_bidirectional_mask",
+                reports=True)
+def _patch_phi4_vision_mask_causal_when_it_hides_nothing(original):
+    """Phi-4-multimodal's vision attention modules are flagged causal. Eager drops a padding mask that hides
+    nothing, and SDPA then follows the flag: the patches attend causally. Under export the mask cannot be checked,
+    so it is kept and the program attends everywhere (its last hidden state 3.3 off eager's). Inside the program a
+    mask that hides nothing becomes the causal one (see `_patch_sdpa_skips_a_future_only_mask_as_eager_does` for
+    the converse): eager's numbers, with padding or without."""
+
+    def create_bidirectional_mask(config, inputs_embeds, attention_mask, *args, **kwargs):
+        mask = original(config, inputs_embeds, attention_mask, *args, **kwargs)
+        if attention_mask is None or not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+            return mask
+        report_applied()
+        causal = torch.ones(mask.shape[-2:], dtype=torch.bool, device=mask.device).tril()
+        return mask & (causal | ~attention_mask.bool().all())
+
+    return create_bidirectional_mask
+
+
 @register_patch("dynamo", "transformers.masking_utils._vmap_expansion_sdpa")
 def _patch_mask_by_broadcast(_original):
     """A mask with a custom overlay (Gemma 3's bidirectional image blocks) is built with `torch.vmap`, which traces,

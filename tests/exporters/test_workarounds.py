@@ -520,6 +520,9 @@ DYNAMIC_CELL_CASES = [  # (model class, backend, {workaround: (stage, message) o
     # Qwen3-Omni's code predictor: head `length - 2` of a list of linears
     ("Qwen3OmniMoeTalkerCodePredictorModelForConditionalGeneration", "dynamo",
      {"_patch_linear_picked_by_a_symbolic_index": ("dynamic-axes", "inputs_embeds axis 1 = 7 (second set: 5)")}),
+    # its vision attention is flagged causal: eager, dropping the mask that hides nothing, attends causally
+    ("Phi4MultimodalVisionModel", "dynamo",
+     {"_patch_phi4_vision_mask_causal_when_it_hides_nothing": ("parity", "last_hidden_state (max abs 4.34)")}),
     # counts its prompts with `len(input_ids)`
     ("CLIPSegForImageSegmentation", "dynamo",
      {"_patch_len_of_tensor_symbolic": ("dynamic-axes", "input_ids axis 0 = 2 (second set: 3)")}),
