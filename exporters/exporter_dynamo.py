@@ -296,6 +296,25 @@ def _patch_len_of_tensor_symbolic(original):
     return length
 
 
+@register_patch("dynamo", "torch.take_along_dim", "torch.Tensor.take_along_dim", reports=True)
+def _patch_take_along_dim_as_gather(original):
+    """`take_along_dim` traces through a decomposition that broadcasts its operands by comparing their sizes, which
+    fixes every symbolic axis to its traced size (PP-DocLayout V2 ranks its queries so: the batch was fixed). With
+    operands of one shape but along `dim`, it is `gather` along `dim`: the same values."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    def take_along_dim(input, indices, dim=None):
+        same_shape = dim is not None and input.dim() == indices.dim() and all(
+            axis == dim % input.dim() or statically_known_true(size == other)
+            for axis, (size, other) in enumerate(zip(input.shape, indices.shape)))  # fmt: skip
+        if not same_shape or not any(isinstance(size, torch.SymInt) for size in input.shape):
+            return original(input, indices, dim)
+        report_applied()
+        return torch.gather(input, dim, indices)
+
+    return take_along_dim
+
+
 @register_patch("dynamo", "transformers.models.esm.modeling_esmfold.range", reports=True)
 def _patch_range_of_symbolic_batch_as_arange(original):
     """ESMFold marks each sequence's end with `esmaa[range(B), ends] = eos`: Python's `range` takes an int, which

@@ -486,6 +486,32 @@ def _fixed_axes_with_and_without(name, workarounds):
     return fixed
 
 
+class _RankedQueries(torch.nn.Module):
+    """PP-DocLayout V2: queries sorted by whether they pass their class threshold, their boxes taken along."""
+
+    def forward(self, queries):  # (batch, queries, score and box)
+        scores, boxes = queries[..., 0], queries[..., 1:]
+        order = torch.argsort((scores > 0).int(), dim=1, descending=True)
+        return torch.take_along_dim(scores, order, dim=1), boxes.take_along_dim(order[..., None].expand(-1, -1, 4), 1)
+
+
+def test_take_along_dim_as_gather_keeps_batch_and_queries_symbolic():
+    model = _RankedQueries()
+    axes = {0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO}  # batch and queries
+    exporter, config = exporters.exporter_for("dynamo", dynamic=True, dynamic_shapes={"queries": axes})
+
+    def export():
+        return exporter.export(model, {"queries": torch.randn(2, 5, 5)}, config)
+
+    exported = export()
+    assert "_patch_take_along_dim_as_gather" in exported.applied
+    other = torch.randn(3, 7, 5)
+    for got, expected in zip(exported(queries=other).values(), model(other)):
+        torch.testing.assert_close(got, expected)
+    with disabled_workarounds("_patch_take_along_dim_as_gather"):
+        assert export().metadata["input_shapes"]["queries"] == [2, 5, 5]
+
+
 @pytest.mark.parametrize("name, workaround, fixed_without", [
     ("RTDetrModel", "_patch_len_of_tensor_symbolic", ["pixel_values axis 0 = 2 (second set: 3)"]),
     ("DepthProModel", "_patch_len_of_tensor_symbolic", ["pixel_values axis 0 = 2 (second set: 3)"]),
