@@ -283,8 +283,9 @@ def _patch_experts_batched_mm(original):
 )
 def _patch_len_of_tensor_symbolic(original):
     """RT-DETR and the detectors built on its code read their batch size as `len(source_flatten)`, DepthPro counts
-    its patches per scale so, CLIPSeg its prompts, Qwen2.5-Omni's vocoder its utterances. Python's `len` must answer an int, so a dynamic batch is fixed
-    to the traced one; in these modules the length of a tensor is its first size, which stays symbolic."""
+    its patches per scale so, CLIPSeg its prompts, Qwen2.5-Omni's vocoder its utterances. Python's `len` must answer
+    an int, so a dynamic batch is fixed to the traced one; in these modules the length of a tensor is its first size,
+    which stays symbolic."""
 
     def length(value):
         if not isinstance(value, torch.Tensor) or not value.dim():
@@ -1852,8 +1853,8 @@ def _patch_rwkv_attention_as_scan_op(original):
 def _patch_mlstm_inference_as_scan_op(original):
     """xLSTM's inference kernel runs whole chunks of 64 steps in its chunkwise form and the rest one step at a time
     in a Python loop; both fix a symbolic length. The recurrent step is the same recurrence the chunkwise form
-    reformulates, so `scan` over the model's own step covers every length (see `_patch_selective_scan_as_scan_op`).
-    Training mode keeps its kernel."""
+    reformulates, so `scan` over that step covers every length (see `_patch_selective_scan_as_scan_op`). Training
+    mode keeps its kernel."""
     from torch._higher_order_ops.scan import scan
 
     def forward(self, query, key, value, igate, fgate, c_initial=None, n_initial=None, m_initial=None,

@@ -41,6 +41,7 @@ from .utils import (
     register_fx_program_fix,
     register_patch,
     report_applied,
+    without_autograd_for_scans,
 )
 
 _BACKEND_PREPARE = EXECUTORCH_BACKENDS
@@ -108,9 +109,7 @@ class ExecutorchExporter:
                     )
                 traced = trace_model(model, inputs, config, log)
             with ExitStack() as active:
-                # an inference program: with autograd on, a scan lowers to its training form, whose saved sizes
-                # among its outputs fail the lowering ("'SymInt' object has no attribute 'unsqueeze'")
-                active.enter_context(torch.no_grad())
+                active.enter_context(without_autograd_for_scans(traced.program))
                 with log.stage("executorch-patches"):
                     active.enter_context(apply_patches("executorch", fired, select=is_backend_internal))
                 with log.stage("fx-program-fixes"):

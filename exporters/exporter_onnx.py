@@ -40,6 +40,7 @@ from .utils import (
     register_onnx_translation,
     register_patch,
     report_applied,
+    without_autograd_for_scans,
 )
 
 _ONNX_TRANSLATION_TABLE = ONNX_TRANSLATIONS
@@ -221,9 +222,7 @@ def _patch_refix_after_decompositions(original):
         log = _ACTIVE_LOG.get()
         if log is None:  # an ONNX export outside OnnxExporter
             return original(exported_program, *args, **kwargs)
-        # an inference program: with autograd on, a scan decomposes to its training form, which returns the sizes
-        # it saves for backward among its outputs and fails ("'SymInt' object has no attribute 'unsqueeze'")
-        with log.stage("decompositions"), torch.no_grad():
+        with log.stage("decompositions"), without_autograd_for_scans(exported_program):
             prepared = original(exported_program, *args, **kwargs)
             apply_fx_node_fixes("onnx", prepared.graph_module, log.applied)
             translated = {node.target for node in prepared.graph.nodes} & set(_ONNX_TRANSLATION_TABLE)

@@ -402,6 +402,19 @@ def apply_fx_program_fixes(backend: str, exported_program, applied: list[str] | 
     return changed
 
 
+def without_autograd_for_scans(exported_program):
+    """`no_grad` around lowering a program that holds a `scan`: with autograd on, torch decomposes a scan to its
+    training form, which returns the sizes it saves for backward among its outputs, and the lowering fails
+    ("'SymInt' object has no attribute 'unsqueeze'"). Other programs lower as they always have."""
+    import contextlib
+
+    import torch
+
+    scans = (node for module in exported_program.graph_module.modules() if isinstance(module, torch.fx.GraphModule)
+             for node in module.graph.nodes if node.target is torch.ops.higher_order.scan)  # fmt: skip
+    return torch.no_grad() if next(scans, None) is not None else contextlib.nullcontext()
+
+
 # ── ONNX translations and IR fixes, ExecuTorch backends ───────────────────────
 
 ONNX_TRANSLATIONS: dict[Any, Callable] = {}
