@@ -1856,6 +1856,7 @@ def _patch_mlstm_inference_as_scan_op(original):
     reformulates, so `scan` over that step covers every length (see `_patch_selective_scan_as_scan_op`). Training
     mode keeps its kernel."""
     from torch._higher_order_ops.scan import scan
+    from transformers.models.xlstm.modeling_xlstm import mlstm_recurrent_step_native
 
     def forward(self, query, key, value, igate, fgate, c_initial=None, n_initial=None, m_initial=None,
                 return_last_states=None, mode=None):  # fmt: skip
@@ -1870,22 +1871,13 @@ def _patch_mlstm_inference_as_scan_op(original):
             c_initial = query.new_zeros(batch, heads, key_size, value.shape[-1], dtype=state_dtype)
             n_initial = query.new_zeros(batch, heads, key_size, dtype=state_dtype)
             m_initial = query.new_zeros(batch, heads, 1, dtype=state_dtype)
-        eps = self.config.eps
 
-        def step(carry, inputs):  # `mlstm_recurrent_step_native`, without its shape checks
-            memory, normalizer, maximum = carry
+        def step(carry, inputs):
             step_query, step_key, step_value, step_igate, step_fgate = inputs
-            forget_log = torch.nn.functional.logsigmoid(step_fgate[:, :, None])
-            new_maximum = torch.max(forget_log + maximum, step_igate[:, :, None])
-            forget = torch.exp(forget_log + maximum - new_maximum)
-            remember = torch.exp(step_igate[:, :, None] - new_maximum)
-            scaled_query = step_query * key_size**-0.5
-            memory = forget[..., None] * memory + remember[..., None] * step_key[..., None] * step_value[..., None, :]
-            normalizer = forget * normalizer + remember * step_key
-            numerator = (scaled_query[..., None] * memory.to(query.dtype)).sum(-2).to(state_dtype)
-            dot = (scaled_query * normalizer.to(query.dtype)).sum(-1, keepdim=True)
-            denominator = (torch.maximum(dot.abs(), torch.exp(-new_maximum)) + eps).to(state_dtype)
-            return [memory, normalizer, new_maximum], (numerator / denominator).to(query.dtype)
+            output, carry = mlstm_recurrent_step_native(
+                step_query, step_key, step_value, step_igate[:, :, None], step_fgate[:, :, None], *carry,
+                eps=self.config.eps, dtype_state=state_dtype)  # fmt: skip
+            return list(carry), output
 
         # time first; copies, as a scan's inputs must not alias one another
         steps = [tensor.movedim(2, 0).contiguous() for tensor in (query, key, value, igate, fgate)]
