@@ -1016,6 +1016,43 @@ def _patch_llava_features_as_one_image(original):
     return forward
 
 
+def _antialiased_bilinear_weights(sizes: torch.Tensor, positions: torch.Tensor, source: int) -> torch.Tensor:
+    """The weights ``F.interpolate(mode="bilinear", antialias=True, align_corners=False)`` gives the ``source``
+    pixels of one axis for output ``positions`` when resized to ``sizes`` (tensors of a shape): a triangle as wide
+    as the scale when shrinking, one pixel when growing, normalised. Zero outside the window the kernel visits."""
+    scale = source / sizes.to(torch.float32)
+    support = scale.clamp(min=1.0)
+    center = scale * (positions.to(torch.float32) + 0.5)
+    pixels = torch.arange(source, dtype=torch.float32)
+    weights = (1 - ((pixels - center[..., None] + 0.5) / support[..., None]).abs()).clamp(min=0)
+    return weights / weights.sum(-1, keepdim=True)
+
+
+@register_patch(
+    "dynamo", "transformers.models.siglip2.modeling_siglip2.Siglip2VisionEmbeddings.resize_positional_embeddings"
+)
+def _patch_siglip2_positions_resized_as_tensors(original):
+    """SigLIP 2 resizes its position grid to each image's patch grid in a Python loop over the batch, reading each
+    size as numbers: the batch is fixed to the traced one and the sizes become data-dependent. Every padded position
+    of every image is computed at once instead: its row and column in its image's grid, and the antialiased bilinear
+    weights of those (padding repeats the first position, as eager writes it)."""
+
+    def resize_positional_embeddings(positional_embeddings, spatial_shapes, max_length):
+        if not isinstance(spatial_shapes, torch.Tensor):
+            return original(positional_embeddings, spatial_shapes, max_length)
+        source_dtype = positional_embeddings.dtype
+        rows, columns = spatial_shapes[:, :1], spatial_shapes[:, 1:]
+        positions = torch.arange(max_length, device=spatial_shapes.device)[None]
+        positions = torch.where(positions < rows * columns, positions, 0)
+        row_weights = _antialiased_bilinear_weights(rows, positions // columns, positional_embeddings.shape[0])
+        column_weights = _antialiased_bilinear_weights(columns, positions % columns, positional_embeddings.shape[1])
+        grid = positional_embeddings.to(torch.float32)
+        resized = torch.einsum("bpr,bpc,rcd->bpd", row_weights, column_weights, grid)
+        return resized.to(source_dtype)
+
+    return resize_positional_embeddings
+
+
 @register_patch("dynamo", "transformers.models.udop.modeling_udop.combine_image_text_embeddings")
 def _patch_udop_patches_as_fixed_rows(original):
     """UDOP adds to each token the image patch under its box centre, then appends the patches no token landed on,

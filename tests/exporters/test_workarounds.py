@@ -549,6 +549,9 @@ DYNAMIC_CELL_CASES = [  # (model class, backend, {workaround: (stage, message) o
     # its vision attention is flagged causal: eager, dropping the mask that hides nothing, attends causally
     ("Phi4MultimodalVisionModel", "dynamo",
      {"_patch_phi4_vision_mask_causal_when_it_hides_nothing": ("parity", "last_hidden_state (max abs 4.34)")}),
+    # resizes its position grid image by image: the batch is fixed to the traced one
+    ("Siglip2VisionModel", "dynamo",
+     {"_patch_siglip2_positions_resized_as_tensors": ("dynamic-axes", "spatial_shapes axis 0 = 2 (second set: 3)")}),
     # counts its prompts with `len(input_ids)`
     ("CLIPSegForImageSegmentation", "dynamo",
      {"_patch_len_of_tensor_symbolic": ("dynamic-axes", "input_ids axis 0 = 2 (second set: 3)")}),
@@ -583,6 +586,24 @@ def test_a_dynamic_cell_passes_with_its_workarounds_and_fails_without_each(name,
         with disabled_workarounds(workaround):
             without = run_cell(Cell(model_class, backend, "dynamic"), context)
         assert without.stage == stage and message in without.message, workaround
+
+
+def test_siglip2_positions_resized_as_tensors_are_eagers_for_every_grid():
+    from transformers.models.siglip2.modeling_siglip2 import Siglip2VisionEmbeddings
+
+    from exporters.exporter_dynamo import _patch_siglip2_positions_resized_as_tensors
+
+    original = Siglip2VisionEmbeddings.resize_positional_embeddings
+    resized = _patch_siglip2_positions_resized_as_tensors(original)
+    generator = torch.Generator().manual_seed(0)
+    for side in (4, 7):  # grids shrunk, kept and grown, each image its own, with padding
+        grid = torch.randn(side, side, 8, generator=generator)
+        for _ in range(10):
+            # torch's CPU kernel collapses a resize to width 1 onto the first row; widths start at 2
+            shapes = torch.stack([torch.randint(1, 3 * side, (3,), generator=generator),
+                                  torch.randint(2, 3 * side, (3,), generator=generator)], dim=1)
+            length = int(shapes.prod(-1).max()) + 3
+            torch.testing.assert_close(resized(grid, shapes, length), original(grid, shapes, length))
 
 
 def test_the_gathered_window_order_is_the_reshaped_one():
