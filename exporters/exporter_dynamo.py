@@ -1053,6 +1053,39 @@ def _patch_siglip2_positions_resized_as_tensors(original):
     return resize_positional_embeddings
 
 
+@register_patch("dynamo", "transformers.models.lfm2_vl.modeling_lfm2_vl.Lfm2VlModel.get_image_features")
+def _patch_lfm2_vl_images_projected_at_once(original):
+    """LFM2-VL projects its images one by one in a Python loop: it cuts each image's patches out of the padded rows,
+    folds each 2x2 block of patches into one vector and projects them; the loop fixes the image count. Every image
+    at once instead: the patches of every block are gathered from the padded rows (in the order the fold lays them
+    out, so the projector's fold leaves them as they are), projected, and the blocks each image really has kept."""
+
+    def get_image_features(self, pixel_values, spatial_shapes, pixel_attention_mask, **kwargs):
+        if not isinstance(spatial_shapes, torch.Tensor):
+            return original(self, pixel_values, spatial_shapes, pixel_attention_mask, **kwargs)
+        image_outputs = self.vision_tower(pixel_values=pixel_values, spatial_shapes=spatial_shapes,
+                                          pixel_attention_mask=pixel_attention_mask, **{**kwargs, "return_dict": True})
+        patches = image_outputs.last_hidden_state  # (images, padded patches, channels)
+        images, padded, channels = patches.shape
+        factor = self.multi_modal_projector.factor
+        rows, columns = spatial_shapes[:, 0, None], spatial_shapes[:, 1, None]
+        block = torch.arange(padded // factor**2, device=patches.device)[None]
+        kept = block < (rows // factor) * (columns // factor)
+        block = torch.where(kept, block, 0)
+        block_row, block_column = block // (columns // factor), block % (columns // factor)
+        offset = torch.arange(factor, device=patches.device)
+        row = (block_row * factor)[..., None, None] + offset[:, None]
+        column = (block_column * factor)[..., None, None] + offset
+        source = (row * columns[..., None, None] + column).flatten(1)  # (images, blocks x factor x factor)
+        gathered = patches.gather(1, source[..., None].expand(-1, -1, channels))
+        folded = gathered.reshape(images, -1, factor, channels)  # the projector folds (row, column) blocks
+        projected = self.multi_modal_projector(folded).flatten(1, 2)
+        image_outputs.pooler_output = [projected[kept]]
+        return image_outputs
+
+    return get_image_features
+
+
 @register_patch("dynamo", "transformers.models.udop.modeling_udop.combine_image_text_embeddings")
 def _patch_udop_patches_as_fixed_rows(original):
     """UDOP adds to each token the image patch under its box centre, then appends the patches no token landed on,

@@ -552,6 +552,8 @@ DYNAMIC_CELL_CASES = [  # (model class, backend, {workaround: (stage, message) o
     # resizes its position grid image by image: the batch is fixed to the traced one
     ("Siglip2VisionModel", "dynamo",
      {"_patch_siglip2_positions_resized_as_tensors": ("dynamic-axes", "spatial_shapes axis 0 = 2 (second set: 3)")}),
+    ("Lfm2VlModel", "dynamo",
+     {"_patch_lfm2_vl_images_projected_at_once": ("dynamic-axes", "spatial_shapes axis 0 = 2 (second set: 3)")}),
     # counts its prompts with `len(input_ids)`
     ("CLIPSegForImageSegmentation", "dynamo",
      {"_patch_len_of_tensor_symbolic": ("dynamic-axes", "input_ids axis 0 = 2 (second set: 3)")}),
@@ -604,6 +606,23 @@ def test_siglip2_positions_resized_as_tensors_are_eagers_for_every_grid():
                                   torch.randint(2, 3 * side, (3,), generator=generator)], dim=1)
             length = int(shapes.prod(-1).max()) + 3
             torch.testing.assert_close(resized(grid, shapes, length), original(grid, shapes, length))
+
+
+def test_lfm2_vl_images_projected_at_once_are_eagers_image_by_image():
+    from harness.cells import ClassContext
+    from harness.models import select
+
+    from exporters.exporter_dynamo import _patch_lfm2_vl_images_projected_at_once
+
+    model = ClassContext(select("Lfm2VlModel")[0]).prepare().model
+    original = type(model).get_image_features
+    shapes = torch.tensor([[4, 6], [2, 2], [6, 4]])  # patch grids of three images, padded to 24 patches
+    mask = (torch.arange(24)[None] < shapes.prod(-1)[:, None]).long()
+    pixels = torch.randn(3, 24, model.config.vision_config.num_channels * model.config.vision_config.patch_size**2)
+    with torch.no_grad():
+        at_once = _patch_lfm2_vl_images_projected_at_once(original)(model, pixels, shapes, mask).pooler_output
+        one_by_one = original(model, pixels, shapes, mask).pooler_output
+    torch.testing.assert_close(torch.cat(at_once), torch.cat(one_by_one))
 
 
 def test_the_gathered_window_order_is_the_reshaped_one():
