@@ -1023,7 +1023,7 @@ def _antialiased_bilinear_weights(sizes: torch.Tensor, positions: torch.Tensor, 
     scale = source / sizes.to(torch.float32)
     support = scale.clamp(min=1.0)
     center = scale * (positions.to(torch.float32) + 0.5)
-    pixels = torch.arange(source, dtype=torch.float32)
+    pixels = torch.arange(source, dtype=torch.float32, device=sizes.device)
     weights = (1 - ((pixels - center[..., None] + 0.5) / support[..., None]).abs()).clamp(min=0)
     return weights / weights.sum(-1, keepdim=True)
 
@@ -1035,7 +1035,8 @@ def _patch_siglip2_positions_resized_as_tensors(original):
     """SigLIP 2 resizes its position grid to each image's patch grid in a Python loop over the batch, reading each
     size as numbers: the batch is fixed to the traced one and the sizes become data-dependent. Every padded position
     of every image is computed at once instead: its row and column in its image's grid, and the antialiased bilinear
-    weights of those (padding repeats the first position, as eager writes it)."""
+    weights of those (padding repeats the first position, as eager writes it). Where an image is one patch wide,
+    torch's CPU kernel answers otherwise (one value for the whole column): this is the resize it means."""
 
     def resize_positional_embeddings(positional_embeddings, spatial_shapes, max_length):
         if not isinstance(spatial_shapes, torch.Tensor):
