@@ -209,18 +209,6 @@ def registered_patches(backend: str) -> list[Patch]:
     return list(_PATCHES[check_backend(backend)])
 
 
-def import_patch_targets(backends) -> None:
-    """Import the modules the patches of ``backends`` reach into. Installing a patch imports them anyway, seconds
-    the first time in a process: a sweep's parent does it once, before forking a child per class."""
-    for backend in backends:
-        for patch in _PATCHES[check_backend(backend)]:
-            for path in patch.paths:
-                try:
-                    resolve_path(path)
-                except PatchPathError:  # reported where it matters: when the export installs the patch
-                    pass
-
-
 def resolve_path(path: str) -> tuple[Any, str]:
     """Import the longest module prefix of ``path`` and walk the rest: returns ``(owner, attribute)``."""
     parts = path.split(".")

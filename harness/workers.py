@@ -54,9 +54,6 @@ def warm_imports(backends) -> None:
         from executorch.backends.xnnpack.partition import xnnpack_partitioner  # noqa: F401
 
         import exporters.exporter_executorch  # noqa: F401
-    from exporters.utils import import_patch_targets
-
-    import_patch_targets({"dynamo", *backends})  # every backend traces through the Dynamo patches
 
 
 def _signal_name(number: int) -> str:
