@@ -1071,9 +1071,10 @@ def _patch_lfm2_vl_images_projected_at_once(original):
         factor = self.multi_modal_projector.factor
         rows, columns = spatial_shapes[:, 0, None], spatial_shapes[:, 1, None]
         block = torch.arange(padded // factor**2, device=patches.device)[None]
-        kept = block < (rows // factor) * (columns // factor)
+        blocks_per_row = columns // factor
+        kept = block < (rows // factor) * blocks_per_row
         block = torch.where(kept, block, 0)
-        block_row, block_column = block // (columns // factor), block % (columns // factor)
+        block_row, block_column = block // blocks_per_row, block % blocks_per_row
         offset = torch.arange(factor, device=patches.device)
         row = (block_row * factor)[..., None, None] + offset[:, None]
         column = (block_column * factor)[..., None, None] + offset

@@ -601,7 +601,7 @@ def test_siglip2_positions_resized_as_tensors_are_eagers_for_every_grid():
     for side in (4, 7):  # grids shrunk, kept and grown, each image its own, with padding
         grid = torch.randn(side, side, 8, generator=generator)
         for _ in range(10):
-            # torch's CPU kernel collapses a resize to width 1 onto the first row; widths start at 2
+            # torch's CPU kernel gives a resize to width 1 one value per column; widths start at 2
             shapes = torch.stack([torch.randint(1, 3 * side, (3,), generator=generator),
                                   torch.randint(2, 3 * side, (3,), generator=generator)], dim=1)
             length = int(shapes.prod(-1).max()) + 3
