@@ -452,7 +452,8 @@ def _split_taken_whole(caller):
         ("cosmos3_omni", "Cosmos3OmniModel"), ("dots3_note", "Dots3NoteModel"),
         ("hyperclovax_vision_v2", "HyperCLOVAXVisionV2Model"), ("idefics2", "Idefics2Model"),
         ("idefics3", "Idefics3Model"), ("granite_docling", "GraniteDoclingModel"),
-        ("modernvbert", "ModernVBertModel"), ("ultravbert", "UltraVBertModel"))),
+        ("modernvbert", "ModernVBertModel"), ("ultravbert", "UltraVBertModel"), ("mistral3", "Mistral3Model"),
+        ("mistral_large4", "MistralLarge4Model"))),
     reports=True,
 )
 def _patch_image_features_split_kept_whole(original):
@@ -1086,6 +1087,102 @@ def _patch_lfm2_vl_images_projected_at_once(original):
         return image_outputs
 
     return get_image_features
+
+
+def _geometry_baked(sizes: torch.Tensor) -> bool:
+    """Whether the trace knows these size inputs' values, as a static export bakes them in: the model's own
+    image-by-image code then traces to the fixed shapes a static program wants."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(sizes, FakeTensor) and sizes.constant is not None
+
+
+@register_patch("dynamo", "transformers.models.pixtral.modeling_pixtral.PixtralVisionModel.forward", reports=True)
+def _patch_pixtral_patches_picked_at_once(original):
+    """Pixtral crops each image's patches out of its padded grid with one Python slice per image (sizes read from
+    `image_sizes`), lays them end to end and builds the block mask image by image: the loops fix the image count.
+    Every image at once instead: the indices of the real patches of the padded grids pick them in the same order
+    (image, row, column), and tell each patch's position and image."""
+    from transformers.utils.generic import is_flash_attention_requested, merge_with_config_defaults
+    from transformers.utils.output_capturing import capture_outputs
+
+    def forward(self, pixel_values, image_sizes=None, **kwargs):
+        if (not isinstance(image_sizes, torch.Tensor) or _geometry_baked(image_sizes)
+                or is_flash_attention_requested(self.config)):
+            return inspect.unwrap(original)(self, pixel_values, image_sizes, **kwargs)
+        report_applied()
+        patch_embeds = self.patch_conv(pixel_values.to(dtype=self.patch_conv.weight.dtype))
+        channels, rows, columns = patch_embeds.shape[1:]
+        grid = (torch.arange(rows, device=patch_embeds.device)[:, None] * columns
+                + torch.arange(columns, device=patch_embeds.device))
+        sizes = (image_sizes // self.patch_size)[:, :, None, None]
+        real = (grid // columns < sizes[:, 0]) & (grid % columns < sizes[:, 1])
+        index = real.flatten().nonzero().squeeze(1)
+        # attention branches on a sequence longer than one; a single real patch is refused at run time instead
+        torch._check(index.shape[0] > 1)
+        image, cell = index // (rows * columns), index % (rows * columns)
+        patch_embeds = patch_embeds.permute(0, 2, 3, 1).reshape(-1, channels)[index][None]
+        patch_embeds = self.ln_pre(patch_embeds)
+        position_ids = torch.stack([cell // columns, cell % columns], dim=-1)
+        position_embeddings = self.patch_positional_embedding(patch_embeds, position_ids)
+        lowest = torch.finfo(patch_embeds.dtype).min
+        attention_mask = torch.where(image[:, None] == image, 0.0, lowest).to(patch_embeds.dtype)[None, None]
+        return self.transformer(patch_embeds, attention_mask=attention_mask,
+                                position_embeddings=position_embeddings, **kwargs)
+
+    return merge_with_config_defaults(capture_outputs(forward))
+
+
+@register_patch("dynamo", *(f"transformers.models.{module}.modeling_{module}.{prefix}PatchMerger.forward"
+                            for module, prefix in (("mistral3", "Mistral3"), ("lighton_ocr", "LightOnOcr"),
+                                                   ("mistral_large4", "MistralLarge4"))), reports=True)
+def _patch_patch_merger_blocks_gathered(original):
+    """Mistral 3's patch merger splits the patches image by image (sizes read from `image_sizes`) and unfolds each
+    image's grid into blocks of merge x merge patches: the loop fixes the image count. The blocks of every image are
+    counted and their patches gathered at once instead, laid out as unfold lays them (channel, then row and column
+    in the block)."""
+
+    def forward(self, image_features, image_sizes):
+        if not isinstance(image_sizes, torch.Tensor) or _geometry_baked(image_sizes):
+            return original(self, image_features, image_sizes)
+        report_applied()
+        merge = self.spatial_merge_size
+        rows, columns = (image_sizes // self.patch_size).unbind(-1)
+        block_columns = columns // merge
+        blocks = (rows // merge) * block_columns
+        slots = image_features.shape[0] // merge**2  # no image has more blocks than all the patches make
+        slot = torch.arange(slots, device=image_features.device)
+        index = (slot < blocks[:, None]).flatten().nonzero().squeeze(1)
+        torch._check(index.shape[0] > 1)  # the callers squeeze a leading 1: a single block is refused at run time
+        image, local = index // slots, index % slots
+        offset = torch.arange(merge, device=image_features.device)
+        row = (local // block_columns[image] * merge)[:, None, None] + offset[:, None]
+        column = (local % block_columns[image] * merge)[:, None, None] + offset
+        patch_starts = (rows * columns).cumsum(0) - rows * columns
+        source = patch_starts[image][:, None, None] + row * columns[image][:, None, None] + column
+        merged = image_features[source].permute(0, 3, 1, 2).flatten(1)
+        return self.merging_layer(merged)
+
+    return forward
+
+
+@register_patch("dynamo", "transformers.models.lighton_ocr.modeling_lighton_ocr.LightOnOcrModel.get_image_features",
+                reports=True)
+def _patch_lighton_ocr_image_features_whole(original):
+    """LightOnOcr splits its projected image features per image by sizes it reads by iterating `image_sizes`,
+    which fixes the image count; its forward concatenates the parts again, so they are kept whole."""
+    from transformers.utils.generic import can_return_tuple
+
+    def get_image_features(self, pixel_values, image_sizes, **kwargs):
+        if not isinstance(image_sizes, torch.Tensor) or _geometry_baked(image_sizes):
+            return inspect.unwrap(original)(self, pixel_values, image_sizes, **kwargs)
+        report_applied()
+        image_outputs = self.vision_encoder(pixel_values, image_sizes=image_sizes, return_dict=True, **kwargs)
+        features = self.vision_projection(image_outputs.last_hidden_state.squeeze(0), image_sizes)
+        image_outputs.pooler_output = (features,)
+        return image_outputs
+
+    return can_return_tuple(get_image_features)
 
 
 @register_patch("dynamo", "transformers.models.udop.modeling_udop.combine_image_text_embeddings")

@@ -625,6 +625,24 @@ def test_lfm2_vl_images_projected_at_once_are_eagers_image_by_image():
     torch.testing.assert_close(torch.cat(at_once), torch.cat(one_by_one))
 
 
+def test_pixtral_patches_and_mistral3_blocks_picked_at_once_are_eagers_image_by_image():
+    from harness.cells import ClassContext
+    from harness.models import select
+
+    from exporters.exporter_dynamo import _patch_patch_merger_blocks_gathered, _patch_pixtral_patches_picked_at_once
+
+    model = ClassContext(select("Mistral3Model")[0]).prepare().model
+    tower, merger = model.vision_tower, model.multi_modal_projector.patch_merger
+    sizes = torch.tensor([[4, 6], [3, 2], [6, 5]]) * tower.patch_size  # odd grids lose a row or column of blocks
+    pixels = torch.randn(3, tower.config.num_channels, 6 * tower.patch_size, 6 * tower.patch_size)
+    with torch.no_grad():
+        one_by_one = tower(pixels, image_sizes=sizes.tolist()).last_hidden_state
+        at_once = _patch_pixtral_patches_picked_at_once(type(tower).forward)(tower, pixels, sizes).last_hidden_state
+        torch.testing.assert_close(at_once, one_by_one)
+        merged = _patch_patch_merger_blocks_gathered(type(merger).forward)(merger, one_by_one[0], sizes)
+        torch.testing.assert_close(merged, merger(one_by_one[0], sizes.tolist()))
+
+
 def test_the_gathered_window_order_is_the_reshaped_one():
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel as Tower
 
