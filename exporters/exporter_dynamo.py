@@ -1107,19 +1107,23 @@ def _patch_pixtral_patches_picked_at_once(original):
     from transformers.utils.output_capturing import capture_outputs
 
     def forward(self, pixel_values, image_sizes=None, **kwargs):
-        if (not isinstance(image_sizes, torch.Tensor) or _geometry_baked(image_sizes)
-                or is_flash_attention_requested(self.config)):
+        whole = image_sizes is None and isinstance(pixel_values.shape[0], torch.SymInt)  # every image uncropped
+        if not whole and (not isinstance(image_sizes, torch.Tensor) or _geometry_baked(image_sizes)
+                          or is_flash_attention_requested(self.config)):
             return inspect.unwrap(original)(self, pixel_values, image_sizes, **kwargs)
         report_applied()
         patch_embeds = self.patch_conv(pixel_values.to(dtype=self.patch_conv.weight.dtype))
-        channels, rows, columns = patch_embeds.shape[1:]
-        grid = (torch.arange(rows, device=patch_embeds.device)[:, None] * columns
-                + torch.arange(columns, device=patch_embeds.device))
-        sizes = (image_sizes // self.patch_size)[:, :, None, None]
-        real = (grid // columns < sizes[:, 0]) & (grid % columns < sizes[:, 1])
-        index = real.flatten().nonzero().squeeze(1)
-        # attention branches on a sequence longer than one; a single real patch is refused at run time instead
-        torch._check(index.shape[0] > 1)
+        images, channels, rows, columns = patch_embeds.shape
+        if whole:
+            index = torch.arange(images * rows * columns, device=patch_embeds.device)
+        else:
+            grid = (torch.arange(rows, device=patch_embeds.device)[:, None] * columns
+                    + torch.arange(columns, device=patch_embeds.device))
+            sizes = (image_sizes // self.patch_size)[:, :, None, None]
+            real = (grid // columns < sizes[:, 0]) & (grid % columns < sizes[:, 1])
+            index = real.flatten().nonzero().squeeze(1)
+            # attention branches on a sequence longer than one; a single real patch is refused at run time instead
+            torch._check(index.shape[0] > 1)
         image, cell = index // (rows * columns), index % (rows * columns)
         patch_embeds = patch_embeds.permute(0, 2, 3, 1).reshape(-1, channels)[index][None]
         patch_embeds = self.ln_pre(patch_embeds)
