@@ -1055,6 +1055,15 @@ def _patch_siglip2_positions_resized_as_tensors(original):
     return resize_positional_embeddings
 
 
+def _block_patches(block_row, block_column, columns, factor):
+    """Where, in row-major grids ``columns`` patches wide, the patches of each factor x factor block lie: the block
+    coordinates' shape, then (factor, factor) in the block's row-major order."""
+    offset = torch.arange(factor, device=block_row.device)
+    row = (block_row * factor)[..., None, None] + offset[:, None]
+    column = (block_column * factor)[..., None, None] + offset
+    return row * columns[..., None, None] + column
+
+
 @register_patch("dynamo", "transformers.models.lfm2_vl.modeling_lfm2_vl.Lfm2VlModel.get_image_features")
 def _patch_lfm2_vl_images_projected_at_once(original):
     """LFM2-VL projects its images one by one in a Python loop: it cuts each image's patches out of the padded rows,
@@ -1075,11 +1084,8 @@ def _patch_lfm2_vl_images_projected_at_once(original):
         blocks_per_row = columns // factor
         kept = block < (rows // factor) * blocks_per_row
         block = torch.where(kept, block, 0)
-        block_row, block_column = block // blocks_per_row, block % blocks_per_row
-        offset = torch.arange(factor, device=patches.device)
-        row = (block_row * factor)[..., None, None] + offset[:, None]
-        column = (block_column * factor)[..., None, None] + offset
-        source = (row * columns[..., None, None] + column).flatten(1)  # (images, blocks x factor x factor)
+        source = _block_patches(block // blocks_per_row, block % blocks_per_row, columns, factor)
+        source = source.flatten(1)  # (images, blocks x factor x factor)
         gathered = patches.gather(1, source[..., None].expand(-1, -1, channels))
         folded = gathered.reshape(images, -1, factor, channels)  # the projector folds (row, column) blocks
         projected = self.multi_modal_projector(folded).flatten(1, 2)
@@ -1108,8 +1114,8 @@ def _patch_pixtral_patches_picked_at_once(original):
 
     def forward(self, pixel_values, image_sizes=None, **kwargs):
         whole = image_sizes is None and isinstance(pixel_values.shape[0], torch.SymInt)  # every image uncropped
-        if not whole and (not isinstance(image_sizes, torch.Tensor) or _geometry_baked(image_sizes)
-                          or is_flash_attention_requested(self.config)):
+        traced_sizes = isinstance(image_sizes, torch.Tensor) and not _geometry_baked(image_sizes)
+        if is_flash_attention_requested(self.config) or not (whole or traced_sizes):
             return inspect.unwrap(original)(self, pixel_values, image_sizes, **kwargs)
         report_applied()
         patch_embeds = self.patch_conv(pixel_values.to(dtype=self.patch_conv.weight.dtype))
@@ -1159,11 +1165,9 @@ def _patch_patch_merger_blocks_gathered(original):
         index = (slot < blocks[:, None]).flatten().nonzero().squeeze(1)
         torch._check(index.shape[0] > 1)  # the callers squeeze a leading 1: a single block is refused at run time
         image, local = index // slots, index % slots
-        offset = torch.arange(merge, device=image_features.device)
-        row = (local // block_columns[image] * merge)[:, None, None] + offset[:, None]
-        column = (local % block_columns[image] * merge)[:, None, None] + offset
         patch_starts = (rows * columns).cumsum(0) - rows * columns
-        source = patch_starts[image][:, None, None] + row * columns[image][:, None, None] + column
+        source = patch_starts[image][:, None, None] + _block_patches(
+            local // block_columns[image], local % block_columns[image], columns[image], merge)
         merged = image_features[source].permute(0, 3, 1, 2).flatten(1)
         return self.merging_layer(merged)
 
