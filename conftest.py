@@ -59,8 +59,9 @@ def pytest_configure(config):
     if hasattr(config, "workerinput"):  # an xdist worker: the controller chose the run folder
         config.sweep_run_dir = Path(config.workerinput["sweep_run_dir"])
         return
-    from harness.store import RunStore
+    from harness.store import RunStore, now
 
+    config.sweep_started_at = now()  # the cache takes only what this session made (a resumed run holds older records)
     out = config.getoption("--sweep-out") or os.path.join("runs", datetime.now().strftime("%Y-%m-%d_%H%M%S"))
     config.sweep_run_dir = Path(out)
     options = {
@@ -91,7 +92,7 @@ def pytest_sessionfinish(session, exitstatus):
         from harness.cache import ResultCache
         from registry import Registry
 
-        ResultCache(None, Registry.load(config.getoption("--registry"))).save_from(store)
+        ResultCache(None, Registry.load(config.getoption("--registry"))).save_from(store, since=config.sweep_started_at)
     findings = sorted((config.sweep_run_dir / "stale").glob("*.json"))
     if findings:  # the stale items' findings, one file per entry, become the dashboard's stale.json
         from datetime import datetime, timezone

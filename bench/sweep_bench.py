@@ -60,7 +60,7 @@ def one_round(plan_args, jobs: int, workspace: Path) -> dict:
     run_sweep(plan, cold, options, jobs, progress=Progress(plan.total, stream=open("/dev/null", "w")))
     cold_wall = time.perf_counter() - start
     records = cold.records()
-    cache.save_from(cold)
+    cache.save_from(cold, since="")  # a fresh run folder: every record is this run's
     warm = RunStore(workspace / "warm")
     warm.create({"purpose": "benchmark"})
     start = time.perf_counter()

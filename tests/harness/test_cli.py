@@ -83,13 +83,15 @@ def test_shards_merge_into_one_run(tmp_path):
 
 
 def test_pytest_drives_the_sweep_with_one_item_per_cell(tmp_path):
-    out = tmp_path / "run"
+    out, cache = tmp_path / "run", tmp_path / "cache"
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--sweep=BertModel,GPT2Model",
-         "--backends=dynamo", "--shapes=static,dynamic", f"--sweep-out={out}", "--sweep-no-cache", "-v"],
-        cwd=ROOT, capture_output=True, text=True, timeout=900,
+         "--backends=dynamo", "--shapes=static,dynamic", f"--sweep-out={out}", "-v"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900, env={**os.environ, "EXPORT_SWEEP_CACHE": str(cache)},
     )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:]
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "INTERNALERROR" not in result.stdout + result.stderr
+    assert len(list((cache / "results").rglob("*.json"))) == 4, "the session's cells are cached for the next"
     for cell in ("BertModel-dynamo-static", "BertModel-dynamo-dynamic", "GPT2Model-dynamo-static"):
         assert f"test_cell[{cell}]" in result.stdout
     assert RunStore(out).cell_ids() == {f"{m}-dynamo-{s}" for m in ("BertModel", "GPT2Model") for s in ("static", "dynamic")}
