@@ -1,0 +1,54 @@
+"""The nightly tier: tests too slow for the 20-minute test run, run beside the nightly sweep
+(``pytest -n auto -m nightly``; ``-m ""`` runs both tiers).
+
+Each is a real export whose mechanism the default tier also exercises, on a smaller model or another backend, or the
+with-and-without check of a large composite model. Their minutes here, measured in one run of the whole suite
+(2 workers, 2026-12-01), are beside them. An entry is a test id or the start of one.
+"""
+
+import pytest
+
+NIGHTLY = [
+    # ExecuTorch lowering of the encoder-decoders and of a second text encoder (Llama, BERT static, ViT stay)
+    "tests/exporters/test_parity.py::test_export_matches_eager[T5ForConditionalGeneration-executorch",  # 3.0
+    "tests/exporters/test_parity.py::test_export_matches_eager[WhisperForConditionalGeneration-executorch",  # 2.0
+    "tests/exporters/test_parity.py::test_export_matches_eager[BertModel-executorch-dynamic]",  # 0.7
+    # generation through ExecuTorch: Llama with a static cache stays; ONNX and Dynamo cover the others
+    "tests/exporters/test_generation.py::test_generated_tokens_equal_eager[LlamaForCausalLM-dynamic-executorch]",  # 2.4
+    "tests/exporters/test_generation.py::test_generated_tokens_equal_eager[T5ForConditionalGeneration-dynamic-executorch]",  # 3.4
+    "tests/exporters/test_generation.py::test_generated_tokens_equal_eager[WhisperForConditionalGeneration-dynamic-executorch]",  # 1.3
+    "tests/exporters/test_generation.py::test_generated_tokens_equal_eager[T5ForConditionalGeneration-dynamic-onnx]",  # 0.7
+    # with and without their workarounds, composite models
+    "tests/exporters/test_workarounds.py::test_a_dynamic_cell_passes_with_its_workarounds_and_fails_without_each[Qwen2_5_VLModel]",  # 4.1
+    "tests/exporters/test_workarounds.py::test_a_dynamic_cell_passes_with_its_workarounds_and_fails_without_each[ReformerModel]",  # 1.6
+    "tests/exporters/test_workarounds.py::test_a_dynamic_cell_passes_with_its_workarounds_and_fails_without_each[XcodecModel]",  # 0.8
+    "tests/exporters/test_workarounds.py::test_a_static_export_bakes_in_the_image_and_audio_geometry[PaddleOCRVL",  # 2.2
+    "tests/exporters/test_workarounds.py::test_a_symbolic_batch_stays_where_the_code_reads_it_as_a_python_int[EsmForProteinFolding",  # 2.1
+    "tests/exporters/test_workarounds.py::test_esmfold_traces_with_a_symbolic_batch_once_its_identity_frames_are_made_afresh",  # 1.4
+    "tests/exporters/test_workarounds.py::test_funnel_relative_shift_as_a_gather_serves_every_length",  # 1.2
+    "tests/exporters/test_workarounds.py::test_funnel_keeps_its_sequence_axis_dynamic",  # 0.8
+    "tests/exporters/test_workarounds.py::test_vits_pads_its_relative_positions_for_any_text_length",  # 0.8
+    # the ExecuTorch half of workarounds whose ONNX or Dynamo half stays
+    "tests/exporters/test_workarounds.py::test_gemma3n_sparsity_quantile_is_a_constant_for_export[executorch",  # 1.6
+    "tests/exporters/test_workarounds.py::test_complex_rotary_is_rotated_in_real_arithmetic[executorch",  # 0.8
+    "tests/exporters/test_workarounds.py::test_lstm_as_scan_ops_is_the_lstm_in_both_directions_of_every_layer[executorch]",  # 0.9
+    "tests/exporters/test_workarounds.py::test_a_scan_lowers_in_its_inference_form[executorch]",  # 0.7
+    # ExecuTorch-only workarounds on models of a minute's lowering
+    "tests/exporters/test_workarounds.py::test_executorch_returns_a_slice_that_keeps_everything_as_its_input",  # 1.0
+    "tests/exporters/test_workarounds.py::test_a_model_class_exports_with_its_workaround_and_fails_without[_patch_xvector_masked_statistics]",  # 0.9
+    "tests/exporters/test_workarounds.py::test_a_model_class_exports_with_its_workaround_and_fails_without[_patch_llama4_vision_rotary_as_pairs]",  # 0.8
+    "tests/exporters/test_workarounds.py::test_a_model_class_exports_with_its_workaround_and_fails_without[_patch_fnet_fourier_as_matmul]",  # 0.6
+]  # fmt: skip
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marks
+def pytest_collection_modifyitems(config, items):
+    # a run of chosen tests (`file::test`) leaves other entries of their file unmatched, rightly
+    whole_files = not any("::" in arg for arg in config.args)
+    collected_files = {item.nodeid.split("::")[0] for item in items}
+    for entry in NIGHTLY:
+        matching = [item for item in items if item.nodeid.startswith(entry)]
+        if not matching and whole_files and entry.split("::")[0] in collected_files:
+            raise pytest.UsageError(f"tests/conftest.py: NIGHTLY entry {entry!r} names no test; fix or remove it")
+        for item in matching:
+            item.add_marker(pytest.mark.nightly)
