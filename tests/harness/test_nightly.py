@@ -24,6 +24,7 @@ def test_the_workflow_runs_the_steps_tested_here():
     assert 'bash .ci/nightly shard ${{ matrix.shard }} "$SHARDS"' in text
     assert "bash .ci/nightly merge runs/nightly baseline shards/*" in text
     assert "GITHUB_STEP_SUMMARY" in text and "deploy-pages" in text
+    assert ".venv/bin/python -m pytest -n auto -m nightly" in text  # the tier the 20-minute test run leaves out
 
 
 def test_two_shards_merge_into_one_run_with_a_dashboard(tmp_path):
