@@ -2,8 +2,8 @@
 (``pytest -n auto -m nightly``; ``-m ""`` runs both tiers).
 
 Each is a real export whose mechanism the default tier also exercises, on a smaller model or another backend, or the
-with-and-without check of a large composite model. Their minutes here, measured in one run of the whole suite
-(2 workers, 2026-12-01), are beside them: 40 minutes of the 83 the whole suite took. An entry is a test id or the start of one.
+with-and-without check of a large composite model. Beside each, its minutes in one run of the whole suite here
+(2 workers, 2026-12-01): together 40 of the suite's 83 minutes of test time. An entry is a test id or its start.
 """
 
 import pytest
