@@ -26,14 +26,14 @@ NIGHTLY = [
     "tests/exporters/test_workarounds.py::test_a_dynamic_cell_passes_with_its_workarounds_and_fails_without_each[XcodecModel]",  # 0.8
     "tests/exporters/test_workarounds.py::test_a_dynamic_cell_passes_with_its_workarounds_and_fails_without_each[Lfm2VlModel]",  # 0.4
     "tests/exporters/test_workarounds.py::test_a_model_class_exports_with_its_workaround_and_fails_without[_patch_pad_sequence_to_symbolic_longest]",  # 0.5
-    "tests/exporters/test_workarounds.py::test_sew_keeps_a_symbolic_length_whatever_its_parity[SEWDModel]",  # 0.6 (SEW stays)
     "tests/exporters/test_workarounds.py::test_a_static_export_bakes_in_the_image_and_audio_geometry[PaddleOCRVL",  # 2.2
     "tests/exporters/test_workarounds.py::test_a_symbolic_batch_stays_where_the_code_reads_it_as_a_python_int[EsmForProteinFolding",  # 2.1
     "tests/exporters/test_workarounds.py::test_esmfold_traces_with_a_symbolic_batch_once_its_identity_frames_are_made_afresh",  # 1.4
     "tests/exporters/test_workarounds.py::test_funnel_relative_shift_as_a_gather_serves_every_length",  # 1.2
     "tests/exporters/test_workarounds.py::test_funnel_keeps_its_sequence_axis_dynamic",  # 0.8
     "tests/exporters/test_workarounds.py::test_vits_pads_its_relative_positions_for_any_text_length",  # 0.8
-    # the ExecuTorch half of workarounds whose ONNX or Dynamo half stays
+    # a second model, or the ExecuTorch half, of workarounds whose first model or other half stays
+    "tests/exporters/test_workarounds.py::test_sew_keeps_a_symbolic_length_whatever_its_parity[SEWDModel]",  # 0.6 (SEW stays)
     "tests/exporters/test_workarounds.py::test_gemma3n_sparsity_quantile_is_a_constant_for_export[executorch",  # 1.6
     "tests/exporters/test_workarounds.py::test_complex_rotary_is_rotated_in_real_arithmetic[executorch",  # 0.8
     "tests/exporters/test_workarounds.py::test_lstm_as_scan_ops_is_the_lstm_in_both_directions_of_every_layer[executorch]",  # 0.9
