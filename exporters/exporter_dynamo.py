@@ -454,7 +454,7 @@ def _split_taken_whole(caller):
         ("idefics3", "Idefics3Model"), ("granite_docling", "GraniteDoclingModel"),
         ("modernvbert", "ModernVBertModel"), ("ultravbert", "UltraVBertModel"), ("mistral3", "Mistral3Model"),
         ("mistral_large4", "MistralLarge4Model"), ("muse_spark", "MuseSparkModel"),
-        ("muse_glimmer", "MuseGlimmerModel"))),
+        ("muse_glimmer", "MuseGlimmerModel"), ("kimi_k25", "Kimi_K25Model"))),
     reports=True,
 )
 def _patch_image_features_split_kept_whole(original):
@@ -1194,30 +1194,34 @@ def _patch_lighton_ocr_image_features_whole(original):
     return can_return_tuple(get_image_features)
 
 
-@register_patch("dynamo", *(f"transformers.models.{module}.modeling_{module}.get_vision_position_ids"
-                             for module in ("muse_spark", "muse_glimmer")), reports=True)
+@register_patch("dynamo", *(f"transformers.models.{module}.modeling_{module}.get_vision_position_ids" for module in (
+    "muse_spark", "muse_glimmer", "kimi_k25", "qwen2_vl")), reports=True)
 def _patch_vision_positions_at_once(original):
     """`get_vision_position_ids` builds each image's (row, column) grid in a loop over `grid_thw.tolist()`, which
-    fixes the image count; a composite model cannot take them precomputed (its text model reads `position_ids`).
-    For unmerged patches (merge size 1, rows then columns per frame), every patch at once: its frame found among
-    the frames' cumulative sizes, its row and column from its offset in the frame. ExecuTorch's `to_edge` cannot take
-    the total read with `.item()`: its dynamic cells still fail."""
+    fixes the image count; a composite model cannot take them precomputed (its text model reads `position_ids`),
+    nor can a retriever that calls its tower directly (ColQwen2). For one merge size, every patch at once: its frame
+    found among the frames' cumulative sizes, then its merge block and its place in the block from its offset in the
+    frame. ExecuTorch's `to_edge` cannot take the total read with `.item()`: its dynamic cells still fail."""
 
     def get_vision_position_ids(grid_thw, spatial_merge_size, include_temporal=False, kwargs=None):
         precomputed = kwargs is not None and kwargs.get("position_ids") is not None
-        if precomputed or include_temporal or spatial_merge_size != 1 or _geometry_baked(grid_thw):
+        if precomputed or include_temporal or not isinstance(spatial_merge_size, int) or _geometry_baked(grid_thw):
             return original(grid_thw, spatial_merge_size, include_temporal, kwargs)
         report_applied()
+        merge = spatial_merge_size
         frames, heights, widths = grid_thw.unbind(-1)
         frame_sizes = torch.repeat_interleave(heights * widths, frames)
-        frame_widths = torch.repeat_interleave(widths, frames)
         ends = frame_sizes.cumsum(0)
         total = ends[-1].item()
-        torch._check_is_size(total)
+        torch._check(total >= 0)
         patch = torch.arange(total, device=grid_thw.device)
         frame = torch.searchsorted(ends, patch, right=True)
         offset = patch - (ends - frame_sizes)[frame]
-        return torch.stack([offset // frame_widths[frame], offset % frame_widths[frame]], dim=-1)
+        blocks_per_row = torch.repeat_interleave(widths, frames)[frame] // merge
+        block, within = offset // (merge * merge), offset % (merge * merge)
+        rows = block // blocks_per_row * merge + within // merge
+        columns = block % blocks_per_row * merge + within % merge
+        return torch.stack([rows, columns], dim=-1)
 
     return get_vision_position_ids
 

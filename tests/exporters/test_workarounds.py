@@ -625,14 +625,18 @@ def test_lfm2_vl_images_projected_at_once_are_eagers_image_by_image():
     torch.testing.assert_close(torch.cat(at_once), torch.cat(one_by_one))
 
 
-def test_vision_positions_at_once_are_eagers_image_by_image():
+def test_vision_positions_at_once_are_eagers_image_by_image_and_keep_the_image_count_symbolic():
     from transformers.models.muse_spark.modeling_muse_spark import get_vision_position_ids
 
     from exporters.exporter_dynamo import _patch_vision_positions_at_once
 
     at_once = _patch_vision_positions_at_once(get_vision_position_ids)
-    grids = torch.tensor([[1, 4, 6], [2, 3, 2], [1, 6, 4], [3, 1, 5]])  # images, and videos of 2 and 3 frames
-    torch.testing.assert_close(at_once(grids, 1), get_vision_position_ids(grids, 1))
+    grids = torch.tensor([[1, 4, 6], [2, 2, 2], [1, 6, 4], [3, 2, 4]])  # images, and videos of 2 and 3 frames
+    for merge in (1, 2):
+        torch.testing.assert_close(at_once(grids, merge), get_vision_position_ids(grids, merge))
+    # ColQwen2 calls its Qwen2-VL tower directly, merge size 2: nothing precomputed reaches it
+    fixed = _fixed_axes_with_and_without("ColQwen2ForRetrieval", ["_patch_vision_positions_at_once"])
+    assert "image_grid_thw axis 0 = 2 (second set: 3)" in fixed["_patch_vision_positions_at_once"]
 
 
 def test_pixtral_patches_and_mistral3_blocks_picked_at_once_are_eagers_image_by_image():
