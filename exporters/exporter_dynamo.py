@@ -454,7 +454,8 @@ def _split_taken_whole(caller):
         ("idefics3", "Idefics3Model"), ("granite_docling", "GraniteDoclingModel"),
         ("modernvbert", "ModernVBertModel"), ("ultravbert", "UltraVBertModel"), ("mistral3", "Mistral3Model"),
         ("mistral_large4", "MistralLarge4Model"), ("muse_spark", "MuseSparkModel"),
-        ("muse_glimmer", "MuseGlimmerModel"), ("kimi_k25", "Kimi_K25Model"))),
+        ("muse_glimmer", "MuseGlimmerModel"), ("kimi_k25", "Kimi_K25Model"),
+        ("paddleocr_vl", "PaddleOCRVLModel"))),
     reports=True,
 )
 def _patch_image_features_split_kept_whole(original):
@@ -1171,6 +1172,37 @@ def _patch_patch_merger_blocks_gathered(original):
             local // block_columns[image], local % block_columns[image], columns[image], merge)
         merged = image_features[source].permute(0, 3, 1, 2).flatten(1)
         return self.merging_layer(merged)
+
+    return forward
+
+
+@register_patch("dynamo", "transformers.models.paddleocr_vl.modeling_paddleocr_vl.PaddleOCRProjector.forward",
+                reports=True)
+def _patch_paddleocr_projector_blocks_gathered(original):
+    """PaddleOCR-VL's projector cuts the patches image by image (sizes read with `.tolist()`) and folds each frame's
+    merge x merge blocks: the loop fixes the image count. Every block of every image at once instead: each block
+    finds its image among the images' cumulative block counts, and its patches are gathered in the fold's order."""
+
+    def forward(self, image_features, image_grid_thw):
+        if not isinstance(image_grid_thw, torch.Tensor) or _geometry_baked(image_grid_thw):
+            return original(self, image_features, image_grid_thw)
+        report_applied()
+        merge = self.merge_kernel_size[0]
+        frames, rows, columns = image_grid_thw.unbind(-1)
+        block_columns = columns // merge
+        frame_blocks = (rows // merge) * block_columns
+        blocks = frames * frame_blocks
+        block_ends = blocks.cumsum(0)
+        frame_patches = rows * columns
+        patch_starts = (frames * frame_patches).cumsum(0) - frames * frame_patches
+        block = torch.arange(image_features.shape[0] // merge**2, device=image_features.device)
+        image = torch.searchsorted(block_ends, block, right=True)
+        local = block - (block_ends - blocks)[image]
+        frame, in_frame = local // frame_blocks[image], local % frame_blocks[image]
+        source = (patch_starts[image] + frame * frame_patches[image])[:, None, None] + _block_patches(
+            in_frame // block_columns[image], in_frame % block_columns[image], columns[image], merge)
+        folded = self.pre_norm(image_features)[source].flatten(1)
+        return self.linear_2(self.act(self.linear_1(folded)))
 
     return forward
 

@@ -1554,3 +1554,16 @@ def test_a_traced_pattern_exports_with_its_workaround_and_fails_without(backend,
         assert torch.equal(got, want)
     with disabled_workarounds(workaround), pytest.raises(exporters.ExportError, match=error):
         exporter.export(model, inputs, config)
+
+
+def test_paddleocr_projector_blocks_gathered_are_eagers_image_by_image():
+    from exporters.exporter_dynamo import _patch_paddleocr_projector_blocks_gathered
+
+    projector = _built_by_the_sweep("PaddleOCRVLModel").model.projector
+    grids = torch.tensor([[1, 4, 6], [2, 2, 4], [1, 6, 2]])  # images, and a video of 2 frames
+    features = torch.randn(int(grids.prod(-1).sum()), projector.pre_norm.normalized_shape[0])
+    gathered = _patch_paddleocr_projector_blocks_gathered(type(projector).forward)
+    with torch.no_grad():
+        torch.testing.assert_close(gathered(projector, features, grids), projector(features, grids))
+    fixed = _fixed_axes_with_and_without("PaddleOCRVLModel", ["_patch_paddleocr_projector_blocks_gathered"])
+    assert "image_grid_thw axis 0 = 2 (second set: 3)" in fixed["_patch_paddleocr_projector_blocks_gathered"]
