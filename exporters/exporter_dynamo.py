@@ -401,15 +401,19 @@ def _patch_conv_state_padded_to_its_kernel_always(original):
 
 
 class _WholeSplit:
-    """Split sizes read from a tensor of symbolic length: a split by them is taken whole."""
+    """Per-image sizes read from a tensor of symbolic length: a split by them is taken whole, and code that knows this
+    marker reads the sizes from `tensor`."""
+
+    def __init__(self, tensor):
+        self.tensor = tensor
 
     def __iter__(self):
-        raise TypeError("per-image split sizes were kept symbolic for the export; only a split can take them")
+        raise TypeError("per-image sizes were kept symbolic for the export; only a split or a patch can take them")
 
 
 @contextmanager
 def _split_taken_whole(caller):
-    """While it lasts, ``tensor.tolist()`` called by ``caller``'s own code on a 1-D tensor of symbolic length gives a
+    """While it lasts, ``tensor.tolist()`` called by ``caller``'s own code on a tensor of symbolic length gives a
     `_WholeSplit`, and a split by it gives the tensor whole, as a one-part tuple."""
     from torch._subclasses.fake_tensor import FakeTensor  # the trace's tensors, with a `tolist` of their own
 
@@ -419,9 +423,9 @@ def _split_taken_whole(caller):
     split = torch.Tensor.split
 
     def deferred_tolist(self):
-        if sys._getframe(1).f_code is caller_code and self.dim() == 1 and isinstance(self.shape[0], torch.SymInt):
+        if sys._getframe(1).f_code is caller_code and self.dim() and isinstance(self.shape[0], torch.SymInt):
             report_applied()
-            return _WholeSplit()
+            return _WholeSplit(self)
         return tolist_of[FakeTensor if isinstance(self, FakeTensor) else torch.Tensor](self)
 
     def whole_split(self, split_size, dim=0):
@@ -455,7 +459,8 @@ def _split_taken_whole(caller):
         ("modernvbert", "ModernVBertModel"), ("ultravbert", "UltraVBertModel"), ("mistral3", "Mistral3Model"),
         ("mistral_large4", "MistralLarge4Model"), ("muse_spark", "MuseSparkModel"),
         ("muse_glimmer", "MuseGlimmerModel"), ("kimi_k25", "Kimi_K25Model"),
-        ("paddleocr_vl", "PaddleOCRVLModel"))),
+        ("paddleocr_vl", "PaddleOCRVLModel"), ("lfm3_vl", "Lfm3VlModel"))),
+    "transformers.models.lfm3_vl.modeling_lfm3_vl.Lfm3VlVisionModel.forward",  # its grid, to its convolutions
     reports=True,
 )
 def _patch_image_features_split_kept_whole(original):
@@ -1240,22 +1245,58 @@ def _patch_vision_positions_at_once(original):
         if precomputed or include_temporal or not isinstance(spatial_merge_size, int) or _geometry_baked(grid_thw):
             return original(grid_thw, spatial_merge_size, include_temporal, kwargs)
         report_applied()
-        merge = spatial_merge_size
-        frames, heights, widths = grid_thw.unbind(-1)
-        frame_sizes = torch.repeat_interleave(heights * widths, frames)
-        ends = frame_sizes.cumsum(0)
-        total = ends[-1].item()
+        total = grid_thw.prod(-1).sum().item()
         torch._check(total >= 0)
-        patch = torch.arange(total, device=grid_thw.device)
-        frame = torch.searchsorted(ends, patch, right=True)
-        offset = patch - (ends - frame_sizes)[frame]
-        blocks_per_row = torch.repeat_interleave(widths, frames)[frame] // merge
-        block, within = offset // (merge * merge), offset % (merge * merge)
-        rows = block // blocks_per_row * merge + within // merge
-        columns = block % blocks_per_row * merge + within % merge
+        _, _, _, rows, columns = _merged_patch_places(grid_thw, spatial_merge_size, total)
         return torch.stack([rows, columns], dim=-1)
 
     return get_vision_position_ids
+
+
+def _merged_patch_places(grid_thw, merge, total):
+    """Where each of the ``total`` patches of frames laid out merge block by merge block (Qwen-VL's order) lies: its
+    frame's first patch, the frame's rows and columns, and its own row and column in the frame."""
+    frames, heights, widths = grid_thw.unbind(-1)
+    frame_sizes = torch.repeat_interleave(heights * widths, frames)
+    ends = frame_sizes.cumsum(0)
+    patch = torch.arange(total, device=grid_thw.device)
+    frame = torch.searchsorted(ends, patch, right=True)
+    start = (ends - frame_sizes)[frame]
+    rows, columns = torch.repeat_interleave(heights, frames)[frame], torch.repeat_interleave(widths, frames)[frame]
+    block, within = (patch - start) // (merge * merge), (patch - start) % (merge * merge)
+    row = block // (columns // merge) * merge + within // merge
+    column = block % (columns // merge) * merge + within % merge
+    return start, rows, columns, row, column
+
+
+@register_patch("dynamo", "transformers.models.lfm3_vl.modeling_lfm3_vl.Lfm3VlVisionShortConv.forward", reports=True)
+def _patch_lfm3_vl_convolution_by_neighbours(original):
+    """LFM3-VL's vision layers convolve each frame on its own grid, in a loop over the grid's `.tolist()`: it fixes the
+    image count. Every patch at once instead: for each tap of the depthwise kernel, the neighbour patch at that
+    offset in its frame (zero outside it), found in the merge-block layout, weighted and summed."""
+
+    def forward(self, hidden_states, grid_thw, **kwargs):
+        if not isinstance(grid_thw, _WholeSplit):
+            return original(self, hidden_states, grid_thw, **kwargs)
+        report_applied()
+        input_gate, output_gate, conv_input = self.in_proj(hidden_states).chunk(3, dim=-1)
+        gated = input_gate * conv_input
+        merge, conv = self.spatial_merge_size, self.spatial_conv
+        start, rows, columns, row, column = _merged_patch_places(grid_thw.tensor, merge, gated.shape[0])
+        size, pad = conv.kernel_size[0], conv.padding[0]
+        convolved = gated.new_zeros(gated.shape) + (0 if conv.bias is None else conv.bias)
+        for tap_row in range(size):
+            for tap_column in range(size):
+                near_row, near_column = row + tap_row - pad, column + tap_column - pad
+                inside = (near_row >= 0) & (near_row < rows) & (near_column >= 0) & (near_column < columns)
+                near_row = torch.minimum(near_row.clamp(min=0), rows - 1)
+                near_column = torch.minimum(near_column.clamp(min=0), columns - 1)
+                block = near_row // merge * (columns // merge) + near_column // merge
+                near = start + block * merge * merge + near_row % merge * merge + near_column % merge
+                convolved = convolved + gated[near] * inside[:, None] * conv.weight[:, 0, tap_row, tap_column]
+        return self.out_proj(output_gate * convolved)
+
+    return forward
 
 
 @register_patch("dynamo", "transformers.models.udop.modeling_udop.combine_image_text_embeddings")

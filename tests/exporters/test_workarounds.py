@@ -1567,3 +1567,21 @@ def test_paddleocr_projector_blocks_gathered_are_eagers_image_by_image():
         torch.testing.assert_close(gathered(projector, features, grids), projector(features, grids))
     fixed = _fixed_axes_with_and_without("PaddleOCRVLModel", ["_patch_paddleocr_projector_blocks_gathered"])
     assert "image_grid_thw axis 0 = 2 (second set: 3)" in fixed["_patch_paddleocr_projector_blocks_gathered"]
+
+
+def test_lfm3_vl_convolution_by_neighbours_is_eagers_frame_by_frame():
+    from transformers.models.lfm3_vl.modeling_lfm3_vl import Lfm3VlVisionShortConv
+
+    from exporters.exporter_dynamo import _patch_lfm3_vl_convolution_by_neighbours, _WholeSplit
+
+    model = _built_by_the_sweep("Lfm3VlModel").model
+    conv = next(module for module in model.modules() if isinstance(module, Lfm3VlVisionShortConv))
+    merge = conv.spatial_merge_size
+    grids = torch.tensor([[1, 2, 3], [2, 3, 1], [1, 1, 2]]) * torch.tensor([1, merge, merge])  # a video of 2 frames
+    hidden = torch.randn(int(grids.prod(-1).sum()), conv.in_proj.in_features)
+    by_neighbours = _patch_lfm3_vl_convolution_by_neighbours(type(conv).forward)
+    with torch.no_grad():
+        torch.testing.assert_close(by_neighbours(conv, hidden, _WholeSplit(grids)), conv(hidden, grids.tolist()))
+    _, export = _exported_on_the_varying_axes("Lfm3VlVisionModel", ["_patch_lfm3_vl_convolution_by_neighbours"])
+    with disabled_workarounds("_patch_lfm3_vl_convolution_by_neighbours"), pytest.raises(Exception, match="symbolic"):
+        export()  # the grid the tower hands its layers stays a symbolic count, which the loop cannot iterate
