@@ -455,7 +455,7 @@ def _split_taken_whole(caller):
         ("exaone4_5", "Exaone4_5_Model"), ("cohere_compass", "CohereCompassModel"),
         ("cosmos3_omni", "Cosmos3OmniModel"), ("dots3_note", "Dots3NoteModel"),
         ("hyperclovax_vision_v2", "HyperCLOVAXVisionV2Model"), ("idefics2", "Idefics2Model"),
-        ("idefics3", "Idefics3Model"), ("granite_docling", "GraniteDoclingModel"),
+        ("idefics3", "Idefics3Model"), ("smolvlm", "SmolVLMModel"), ("granite_docling", "GraniteDoclingModel"),
         ("modernvbert", "ModernVBertModel"), ("ultravbert", "UltraVBertModel"), ("mistral3", "Mistral3Model"),
         ("mistral_large4", "MistralLarge4Model"), ("muse_spark", "MuseSparkModel"),
         ("muse_glimmer", "MuseGlimmerModel"), ("kimi_k25", "Kimi_K25Model"),
@@ -1210,6 +1210,43 @@ def _patch_paddleocr_projector_blocks_gathered(original):
         return self.linear_2(self.act(self.linear_1(folded)))
 
     return forward
+
+
+@register_patch("dynamo", *(f"transformers.models.{module}.modeling_{module}.{model}.get_image_features" for module, model in (
+    ("deepseek_ocr2", "DeepseekOcr2Model"), ("unlimited_ocr", "UnlimitedOcrModel"), ("step3p7", "Step3p7Model"))),
+    reports=True)
+def _patch_global_views_laid_out_at_once(original):
+    """DeepSeek-OCR 2, Unlimited OCR and Step 3.7 lay out each image's global view in a loop over the batch (rows
+    ended by a newline token in Unlimited OCR, a view separator after each image in both OCR models), and their
+    forward joins the parts again: the loop fixes the image count. With no local views, every image at once, as one
+    part."""
+    from transformers.utils.generic import can_return_tuple
+
+    def get_image_features(self, pixel_values, pixel_values_local=None, *local_layout, **kwargs):
+        if pixel_values_local is not None or not isinstance(pixel_values.shape[0], torch.SymInt):
+            return inspect.unwrap(original)(self, pixel_values, pixel_values_local, *local_layout, **kwargs)
+        report_applied()
+        for name in ("num_local_patches", "patches_grid"):  # how local views are laid out: there are none
+            kwargs.pop(name, None)
+        return _global_views_at_once(self, pixel_values, **kwargs)
+
+    return can_return_tuple(get_image_features)
+
+
+def _global_views_at_once(model, pixel_values, **kwargs):
+    tower = model.vision_tower if hasattr(model, "vision_tower") else model.vision_model
+    outputs = tower(pixel_values, **kwargs)
+    features = model.multi_modal_projector(outputs.last_hidden_state)
+    images, queries, hidden = features.shape
+    if hasattr(model, "image_newline"):
+        side = math.isqrt(queries)
+        rows = torch.cat([features.reshape(images, side, side, hidden),
+                          model.image_newline.expand(images, side, 1, hidden)], dim=2)
+        features = rows.flatten(1, 2)
+    if hasattr(model, "view_separator"):
+        features = torch.cat([features, model.view_separator.expand(images, 1, hidden)], dim=1)
+    outputs.pooler_output = [features.reshape(-1, hidden)]
+    return outputs
 
 
 @register_patch("dynamo", "transformers.models.lighton_ocr.modeling_lighton_ocr.LightOnOcrModel.get_image_features",

@@ -1585,3 +1585,21 @@ def test_lfm3_vl_convolution_by_neighbours_is_eagers_frame_by_frame():
     _, export = _exported_on_the_varying_axes("Lfm3VlVisionModel", ["_patch_lfm3_vl_convolution_by_neighbours"])
     with disabled_workarounds("_patch_lfm3_vl_convolution_by_neighbours"), pytest.raises(Exception, match="symbolic"):
         export()  # the grid the tower hands its layers stays a symbolic count, which the loop cannot iterate
+
+
+@pytest.mark.parametrize("name", ["DeepseekOcr2Model", "UnlimitedOcrModel", "Step3p7Model"])
+def test_global_views_laid_out_at_once_are_eagers_image_by_image(name):
+    from exporters.exporter_dynamo import _global_views_at_once
+
+    context = _built_by_the_sweep(name)
+    pixel_values = context.inputs["B"]["pixel_values"]  # three images
+    with torch.no_grad():
+        by_image = context.model.get_image_features(pixel_values).pooler_output
+        at_once = _global_views_at_once(context.model, pixel_values).pooler_output
+    assert len(by_image) == 3 and len(at_once) == 1
+    torch.testing.assert_close(at_once[0], torch.cat(by_image))
+
+
+def test_global_views_at_once_keep_the_image_count_symbolic():
+    fixed = _fixed_axes_with_and_without("DeepseekOcr2Model", ["_patch_global_views_laid_out_at_once"])
+    assert "pixel_values axis 0 = 2 (second set: 3)" in fixed["_patch_global_views_laid_out_at_once"]
