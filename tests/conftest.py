@@ -3,7 +3,7 @@
 
 Each is a real export whose mechanism the default tier also exercises, on a smaller model or another backend, or the
 with-and-without check of a large composite model. Beside each, its minutes in one run of the whole suite here
-(2 workers, 2026-12-01): together 47 of the suite's 83 minutes of test time. An entry is a test id or its start.
+(2 workers, 2026-12-01): together 48 of the suite's 83 minutes of test time. An entry is a test id or its start.
 """
 
 import pytest
@@ -56,6 +56,8 @@ NIGHTLY = [
     "tests/exporters/test_workarounds.py::test_a_model_keeps_its_axes_dynamic_with_its_workaround[_patch_led_pads_at_least_one_token]",  # 0.4
     "tests/exporters/test_workarounds.py::test_a_dynamic_cell_passes_with_its_workarounds_and_fails_without_each[EncodecModel]",  # 0.4
     "tests/exporters/test_workarounds.py::test_recurrences_over_time_keep_a_symbolic_length_as_scan_ops[xLSTMModel",  # 0.4
+    "tests/exporters/test_workarounds.py::test_executorch_attention_output_gets_one_layout",  # 0.4
+    "tests/exporters/test_workarounds.py::test_a_symbolic_batch_stays_where_the_code_reads_it_as_a_python_int[RTDetrModel",  # 0.3 (Qwen2.5-Omni and DepthPro stay)
 ]  # fmt: skip
 
 
