@@ -459,7 +459,8 @@ def _split_taken_whole(caller):
         ("modernvbert", "ModernVBertModel"), ("ultravbert", "UltraVBertModel"), ("mistral3", "Mistral3Model"),
         ("mistral_large4", "MistralLarge4Model"), ("muse_spark", "MuseSparkModel"),
         ("muse_glimmer", "MuseGlimmerModel"), ("kimi_k25", "Kimi_K25Model"),
-        ("paddleocr_vl", "PaddleOCRVLModel"), ("lfm3_vl", "Lfm3VlModel"), ("molmo2", "Molmo2Model"))),
+        ("paddleocr_vl", "PaddleOCRVLModel"), ("lfm3_vl", "Lfm3VlModel"), ("molmo2", "Molmo2Model"),
+        ("minimax_m3_vl", "MiniMaxM3VLModel"))),
     "transformers.models.lfm3_vl.modeling_lfm3_vl.Lfm3VlVisionModel.forward",  # its grid, to its convolutions
     reports=True,
 )
@@ -1269,7 +1270,7 @@ def _patch_lighton_ocr_image_features_whole(original):
 
 
 @register_patch("dynamo", *(f"transformers.models.{module}.modeling_{module}.get_vision_position_ids" for module in (
-    "muse_spark", "muse_glimmer", "kimi_k25", "qwen2_vl")), reports=True)
+    "muse_spark", "muse_glimmer", "kimi_k25", "qwen2_vl", "minimax_m3_vl")), reports=True)
 def _patch_vision_positions_at_once(original):
     """`get_vision_position_ids` builds each image's (row, column) grid in a loop over `grid_thw.tolist()`, which
     fixes the image count; a composite model cannot take them precomputed (its text model reads `position_ids`),
@@ -1279,20 +1280,24 @@ def _patch_vision_positions_at_once(original):
 
     def get_vision_position_ids(grid_thw, spatial_merge_size, include_temporal=False, kwargs=None):
         precomputed = kwargs is not None and kwargs.get("position_ids") is not None
-        if precomputed or include_temporal or not isinstance(spatial_merge_size, int) or _geometry_baked(grid_thw):
+        if precomputed or not isinstance(spatial_merge_size, int) or _geometry_baked(grid_thw):
             return original(grid_thw, spatial_merge_size, include_temporal, kwargs)
         report_applied()
         total = grid_thw.prod(-1).sum().item()
         torch._check(total >= 0)
-        _, _, _, rows, columns = _merged_patch_places(grid_thw, spatial_merge_size, total)
-        return torch.stack([rows, columns], dim=-1)
+        frame, _, _, _, rows, columns = _merged_patch_places(grid_thw, spatial_merge_size, total)
+        if not include_temporal:
+            return torch.stack([rows, columns], dim=-1)
+        frame_ends = grid_thw[:, 0].cumsum(0)  # each patch's frame, counted within its image or video
+        image = torch.searchsorted(frame_ends, frame, right=True)
+        return torch.stack([frame - (frame_ends - grid_thw[:, 0])[image], rows, columns], dim=-1)
 
     return get_vision_position_ids
 
 
 def _merged_patch_places(grid_thw, merge, total):
     """Where each of the ``total`` patches of frames laid out merge block by merge block (Qwen-VL's order) lies: its
-    frame's first patch, the frame's rows and columns, and its own row and column in the frame."""
+    frame (counted over every image), the frame's first patch, rows and columns, and its own row and column in it."""
     frames, heights, widths = grid_thw.unbind(-1)
     frame_sizes = torch.repeat_interleave(heights * widths, frames)
     ends = frame_sizes.cumsum(0)
@@ -1303,7 +1308,7 @@ def _merged_patch_places(grid_thw, merge, total):
     block, within = (patch - start) // (merge * merge), (patch - start) % (merge * merge)
     row = block // (columns // merge) * merge + within // merge
     column = block % (columns // merge) * merge + within % merge
-    return start, rows, columns, row, column
+    return frame, start, rows, columns, row, column
 
 
 @register_patch("dynamo", "transformers.models.lfm3_vl.modeling_lfm3_vl.Lfm3VlVisionShortConv.forward", reports=True)
@@ -1319,7 +1324,7 @@ def _patch_lfm3_vl_convolution_by_neighbours(original):
         input_gate, output_gate, conv_input = self.in_proj(hidden_states).chunk(3, dim=-1)
         gated = input_gate * conv_input
         merge, conv = self.spatial_merge_size, self.spatial_conv
-        start, rows, columns, row, column = _merged_patch_places(grid_thw.tensor, merge, gated.shape[0])
+        _, start, rows, columns, row, column = _merged_patch_places(grid_thw.tensor, merge, gated.shape[0])
         size, pad = conv.kernel_size[0], conv.padding[0]
         convolved = gated.new_zeros(gated.shape) + (0 if conv.bias is None else conv.bias)
         for tap_row in range(size):

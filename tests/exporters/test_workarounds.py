@@ -632,8 +632,8 @@ def test_vision_positions_at_once_are_eagers_image_by_image_and_keep_the_image_c
 
     at_once = _patch_vision_positions_at_once(get_vision_position_ids)
     grids = torch.tensor([[1, 4, 6], [2, 2, 2], [1, 6, 4], [3, 2, 4]])  # images, and videos of 2 and 3 frames
-    for merge in (1, 2):
-        torch.testing.assert_close(at_once(grids, merge), get_vision_position_ids(grids, merge))
+    for merge, temporal in ((1, False), (2, False), (2, True)):
+        torch.testing.assert_close(at_once(grids, merge, temporal), get_vision_position_ids(grids, merge, temporal))
     # ColQwen2 calls its Qwen2-VL tower directly, merge size 2: nothing precomputed reaches it
     fixed = _fixed_axes_with_and_without("ColQwen2ForRetrieval", ["_patch_vision_positions_at_once"])
     assert "image_grid_thw axis 0 = 2 (second set: 3)" in fixed["_patch_vision_positions_at_once"]
