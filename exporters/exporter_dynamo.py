@@ -1213,9 +1213,12 @@ def _patch_paddleocr_projector_blocks_gathered(original):
     return forward
 
 
-@register_patch("dynamo", *(f"transformers.models.{module}.modeling_{module}.{model}.get_image_features" for module, model in (
-    ("deepseek_ocr2", "DeepseekOcr2Model"), ("unlimited_ocr", "UnlimitedOcrModel"), ("step3p7", "Step3p7Model"))),
-    reports=True)
+@register_patch(
+    "dynamo",
+    *(f"transformers.models.{module}.modeling_{module}.{model}.get_image_features" for module, model in (
+        ("deepseek_ocr2", "DeepseekOcr2Model"), ("unlimited_ocr", "UnlimitedOcrModel"), ("step3p7", "Step3p7Model"))),
+    reports=True,
+)
 def _patch_global_views_laid_out_at_once(original):
     """DeepSeek-OCR 2, Unlimited OCR and Step 3.7 lay out each image's global view in a loop over the batch (rows
     ended by a newline token in Unlimited OCR, a view separator after each image in both OCR models), and their
