@@ -3,7 +3,7 @@
 
 Each is a real export whose mechanism the default tier also exercises, on a smaller model or another backend, or the
 with-and-without check of a large composite model. Beside each, its minutes in one run of the whole suite here
-(2 workers, 2026-12-01): together 48 of the suite's 83 minutes of test time. An entry is a test id or its start.
+(2 workers, 2026-12-01): together 46 of the suite's 83 minutes of test time. An entry is a test id or its start.
 """
 
 import pytest
@@ -26,7 +26,6 @@ NIGHTLY = [
     "tests/exporters/test_workarounds.py::test_a_dynamic_cell_passes_with_its_workarounds_and_fails_without_each[XcodecModel]",  # 0.8
     "tests/exporters/test_workarounds.py::test_a_dynamic_cell_passes_with_its_workarounds_and_fails_without_each[Lfm2VlModel]",  # 0.4
     "tests/exporters/test_workarounds.py::test_a_model_class_exports_with_its_workaround_and_fails_without[_patch_pad_sequence_to_symbolic_longest]",  # 0.5
-    "tests/exporters/test_workarounds.py::test_a_static_export_bakes_in_the_image_and_audio_geometry[PaddleOCRVL",  # 2.2
     "tests/exporters/test_workarounds.py::test_a_symbolic_batch_stays_where_the_code_reads_it_as_a_python_int[EsmForProteinFolding",  # 2.1
     "tests/exporters/test_workarounds.py::test_esmfold_traces_with_a_symbolic_batch_once_its_identity_frames_are_made_afresh",  # 1.4
     "tests/exporters/test_workarounds.py::test_funnel_relative_shift_as_a_gather_serves_every_length",  # 1.2

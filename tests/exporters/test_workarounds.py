@@ -374,8 +374,6 @@ def test_packed_attention_under_a_data_dependent_length_exports():
 
 @pytest.mark.parametrize("name, size_input, backend, error", [
     ("LlavaNextForConditionalGeneration", "image_sizes", "onnx", "data-dependent"),  # picks its tiles by them
-    # its projector reshapes each image by its grid (Qwen2-VL, fed its tower's helpers, no longer reads it as sizes)
-    ("PaddleOCRVLForConditionalGeneration", "image_grid_thw", "executorch", "finite upper bound"),
     # chunks its audio frames by the number the mask marks real
     ("Qwen2_5OmniThinkerForConditionalGeneration", "feature_attention_mask", "dynamo", "data-dependent"),
     ("GlmImageModel", "images_per_sample", "dynamo", "data-dependent"),  # splits its grids per sample by them
