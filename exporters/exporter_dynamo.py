@@ -1111,6 +1111,134 @@ def _geometry_baked(sizes: torch.Tensor) -> bool:
     return isinstance(sizes, FakeTensor) and sizes.constant is not None
 
 
+_ANYRES_MODELS = (("llava_next", "LlavaNextModel"), ("llava_next_video", "LlavaNextVideoModel"),
+                  ("llava_onevision", "LlavaOnevisionModel"), ("granite4_vision", "Granite4VisionModel"))
+
+
+class _AnyresImages:
+    """LLaVA-NeXT-style images kept together for the export, given in place of ``image_sizes``: the model's code
+    reads them as one image holding every image's tiles, so its count, split and pack leave the tiles together, and
+    the patched pack lays every image out at once from ``sizes``."""
+
+    def __init__(self, sizes: torch.Tensor, tiles_per_image: int):
+        self.sizes, self.tiles_per_image = sizes, tiles_per_image
+
+    def __iter__(self):
+        return iter((self,))
+
+    def __len__(self):
+        return 1
+
+
+def _best_resolutions(sizes: torch.Tensor, resolutions: torch.Tensor) -> torch.Tensor:
+    """`select_best_resolution` for every (height, width) row of ``sizes`` at once: the index of the first
+    resolution that keeps the most of the image, then wastes the least."""
+    original_height, original_width = sizes.double().unbind(-1)
+    height, width = resolutions.double().unbind(-1)
+    scale = torch.minimum(width / original_width[:, None], height / original_height[:, None])
+    kept = ((original_width[:, None] * scale).floor() * (original_height[:, None] * scale).floor())
+    kept = torch.minimum(kept, (original_width * original_height)[:, None])
+    wasted = height * width - kept
+    return (kept * (height * width).max() + 1 - wasted).argmax(-1)  # wasted <= area: more kept always wins
+
+
+def _anyres_packed(tiles, images: _AnyresImages, pinpoints, tile_size: int, newline):
+    """What LLaVA-NeXT's `pack_image_features` gives, for every image at once: each image's first tile (its
+    overview), then its other tiles laid out as the grid its best resolution picks, unpadded to the image's aspect
+    and ended row by row by ``newline``. ``tiles``: (images x tiles per image, tokens, channels). Returns the
+    images' features end to end, and each image's length."""
+    sizes, device = images.sizes, tiles.device
+    tokens = tiles.shape[1]
+    side = math.isqrt(tokens)  # tokens per tile side
+    grids = torch.tensor(pinpoints, device=device) // tile_size
+    grid = grids[_best_resolutions(sizes, torch.tensor(pinpoints, device=device))][:, :, None, None]
+    height, width = grid[:, 0] * side, grid[:, 1] * side  # (images, 1, 1)
+    original_height, original_width = sizes[:, 0, None, None], sizes[:, 1, None, None]
+    # unpad_image: the side the image's aspect leaves short loses its padding, half at each end
+    unpadded_height = (original_height * (width / original_width)).round(decimals=7).floor().long()
+    unpadded_width = (original_width * (height / original_height)).round(decimals=7).floor().long()
+    wider = original_width * height > width * original_height
+    top = torch.where(wider, (height - unpadded_height) // 2, 0)
+    left = torch.where(wider, 0, (width - unpadded_width) // 2)
+    most_rows = max(height // tile_size for height, _ in pinpoints) * side
+    most_columns = max(width // tile_size for _, width in pinpoints) * side
+    row = torch.arange(most_rows, device=device)[:, None]
+    column = torch.arange(most_columns + 1, device=device)  # the last column: the row's newline
+    ends_row = column == most_columns
+    inside = ((row >= top) & (row < height - top) & (ends_row | (column >= left) & (column < width - left)))
+    if newline is None:
+        inside &= ~ends_row
+    image = torch.arange(sizes.shape[0], device=device)[:, None]
+    first_tile = image * images.tiles_per_image
+    tile = first_tile[..., None] + 1 + (row // side) * grid[:, 1] + column // side
+    source = torch.where(ends_row, tiles.shape[0] * tokens, tile * tokens + (row % side) * side + column % side)
+    overview = first_tile * tokens + torch.arange(tokens, device=device)
+    order = torch.cat([overview, source.flatten(1)], dim=1)
+    kept = torch.cat([torch.ones_like(overview, dtype=torch.bool), inside.flatten(1)], dim=1)
+    table = tiles.flatten(0, 1)
+    if newline is not None:
+        table = torch.cat([table, newline[None].to(table)])
+    return table[order[kept]], kept.sum(1)
+
+
+@register_patch("dynamo", *(f"transformers.models.{module}.modeling_{module}.{model}.get_image_features"
+                            for module, model in _ANYRES_MODELS), reports=True)
+def _patch_anyres_images_packed_at_once(original):
+    """LLaVA-NeXT-style models read each image's size as numbers to count its tiles (the best of the configured
+    resolutions), cut them out of the padded tiles, split the features per image and unpad each image's grid: the
+    loops fix the image count and the sizes become data-dependent. The tiles of every image go through the tower
+    together instead (a padding tile changes no other), and `_patch_anyres_packs_at_once` lays them out with the
+    sizes as tensors. OneVision also shrinks a grid too large for `vision_aspect_ratio`: where its resolutions can
+    give one, the model's own code runs."""
+    shrinks = "vision_aspect_ratio" in inspect.signature(original).parameters
+
+    def get_image_features(self, pixel_values, image_sizes, *args, **kwargs):
+        config = self.config
+        tile_grids = [(height // config.vision_config.image_size) * (width // config.vision_config.image_size)
+                      for height, width in config.image_grid_pinpoints]
+        aspect = kwargs.get("vision_aspect_ratio") or getattr(config, "vision_aspect_ratio", None) or "anyres_max_9"
+        may_shrink = shrinks and math.sqrt(max(tile_grids) / int(aspect.strip("anyres_max_"))) > 1.1
+        if (_geometry_baked(image_sizes) or pixel_values.dim() != 5 or may_shrink
+                or kwargs.get("batch_num_images") is not None):
+            return original(self, pixel_values, image_sizes, *args, **kwargs)
+        report_applied()
+        images = _AnyresImages(image_sizes, pixel_values.shape[1])
+        return original(self, pixel_values.flatten(0, 1), images, *args, **kwargs)
+
+    return get_image_features
+
+
+@register_patch("dynamo", *(f"transformers.models.{module}.modeling_{module}.image_size_to_num_patches"
+                            for module, _ in _ANYRES_MODELS))
+def _patch_anyres_tiles_counted_together(original):
+    """`_AnyresImages` reads as one image holding every image's tiles."""
+
+    def image_size_to_num_patches(image_size, grid_pinpoints, patch_size):
+        if isinstance(image_size, _AnyresImages):
+            return image_size.sizes.shape[0] * image_size.tiles_per_image
+        return original(image_size, grid_pinpoints, patch_size)
+
+    return image_size_to_num_patches
+
+
+@register_patch("dynamo", *(f"transformers.models.{module}.modeling_{module}.{model}.pack_image_features"
+                            for module, model in _ANYRES_MODELS))
+def _patch_anyres_packs_at_once(original):
+    """Given `_AnyresImages`, every image is packed at once (`_anyres_packed`), as one part of the per-image list.
+    Granite 4 Vision's pack returns the list alone, the others the lengths too."""
+    with_lengths = not original.__qualname__.startswith("Granite4VisionModel.")
+
+    def pack_image_features(self, image_features, image_sizes, *args, image_newline=None, **kwargs):
+        if not isinstance(image_sizes, _AnyresImages):
+            return original(self, image_features, image_sizes, *args, image_newline=image_newline, **kwargs)
+        (tiles,) = image_features
+        packed, lengths = _anyres_packed(tiles, image_sizes, self.config.image_grid_pinpoints,
+                                         self.config.vision_config.image_size, image_newline)
+        return ([packed], lengths) if with_lengths else [packed]
+
+    return pack_image_features
+
+
 @register_patch("dynamo", "transformers.models.pixtral.modeling_pixtral.PixtralVisionModel.forward", reports=True)
 def _patch_pixtral_patches_picked_at_once(original):
     """Pixtral crops each image's patches out of its padded grid with one Python slice per image (sizes read from

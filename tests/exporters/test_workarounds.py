@@ -1601,3 +1601,63 @@ def test_global_views_laid_out_at_once_are_eagers_image_by_image(name):
 def test_global_views_at_once_keep_the_image_count_symbolic():
     fixed = _fixed_axes_with_and_without("DeepseekOcr2Model", ["_patch_global_views_laid_out_at_once"])
     assert "pixel_values axis 0 = 2 (second set: 3)" in fixed["_patch_global_views_laid_out_at_once"]
+
+
+# several resolutions to pick from, and images that pick each: wide and tall ones lose rows or columns unpadded
+ANYRES_PINPOINTS = [[32, 32], [32, 64], [64, 32], [64, 64], [64, 128], [128, 64]]
+ANYRES_SIZES = torch.tensor([[10, 60], [60, 10], [32, 32], [50, 45], [64, 40], [10, 120], [120, 10]])
+
+
+def _anyres_features(output):
+    """Every image's features end to end: LLaVA-NeXT's per-image list, or each of Granite 4 Vision's layers'."""
+    if hasattr(output, "deepstack_features"):
+        return [torch.cat(parts) for _, parts in output.deepstack_features]
+    return [torch.cat(output.pooler_output)]
+
+
+@pytest.mark.parametrize("name", ["LlavaNextModel", "LlavaOnevisionModel", "Granite4VisionModel"])
+def test_anyres_images_packed_at_once_are_eagers_image_by_image(name):
+    from exporters.utils import apply_patches
+
+    model = _built_by_the_sweep(name).model
+    model.config.image_grid_pinpoints = ANYRES_PINPOINTS
+    tile = model.config.vision_config.image_size
+    pixel_values = torch.randn(len(ANYRES_SIZES), 9, 3, tile, tile)  # up to 8 tiles and the overview
+    module = type(model).__module__
+    with torch.no_grad():
+        by_image = _anyres_features(model.get_image_features(pixel_values, ANYRES_SIZES))
+        with apply_patches("dynamo", select=lambda path: path.startswith(module + ".")):
+            at_once = _anyres_features(model.get_image_features(pixel_values, ANYRES_SIZES))
+    assert len(at_once) == len(by_image)
+    for ours, eagers in zip(at_once, by_image):
+        torch.testing.assert_close(ours, eagers)
+
+
+def test_anyres_images_keep_their_count_and_sizes_symbolic():
+    """Exported on two images, run on three of other sizes that pick other grids; without the patch the trace
+    stops on the sizes' values."""
+    context = _built_by_the_sweep("LlavaNextModel")
+    model, config = context.model, context.model.config
+    config.image_grid_pinpoints = ANYRES_PINPOINTS
+    tile = config.vision_config.image_size
+
+    def inputs(sizes):
+        pixel_values = torch.randn(len(sizes), 9, 3, tile, tile)
+        with torch.no_grad():
+            lengths = [len(part) for part in model.get_image_features(pixel_values, sizes).pooler_output]
+        text = max(lengths) + 3
+        input_ids = torch.tensor([[config.image_token_id] * n + [1] * (text - n) for n in lengths])
+        return {"input_ids": input_ids, "pixel_values": pixel_values, "image_sizes": sizes}
+
+    first, second = inputs(ANYRES_SIZES[:2]), inputs(ANYRES_SIZES[2:])
+    axes = {"input_ids": {0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO},
+            "pixel_values": {0: torch.export.Dim.AUTO}, "image_sizes": {0: torch.export.Dim.AUTO}}
+    exporter, export_config = exporters.exporter_for("dynamo", dynamic=True, dynamic_shapes=axes)
+    exported = exporter.export(model, first, export_config)
+    assert "_patch_anyres_images_packed_at_once" in exported.applied
+    with torch.no_grad():
+        expected = exporters.named_leaves(model(**second))
+    assert_parity(exported(**second), expected, TOLERANCE["dynamo"])
+    with disabled_workarounds("_patch_anyres_images_packed_at_once"), pytest.raises(
+            exporters.ExportError, match="data-dependent"):
+        exporter.export(model, first, export_config)
