@@ -1155,8 +1155,10 @@ def _anyres_packed(tiles, images: _AnyresImages, pinpoints, tile_size: int, newl
     height, width = grid[:, 0] * side, grid[:, 1] * side  # (images, 1, 1)
     original_height, original_width = sizes[:, 0, None, None], sizes[:, 1, None, None]
     # unpad_image: the side the image's aspect leaves short loses its padding, half at each end
-    unpadded_height = (original_height * (width / original_width)).round(decimals=7).floor().long()
-    unpadded_width = (original_width * (height / original_height)).round(decimals=7).floor().long()
+    # in double precision as eager's Python floats; round(x, 7) spelt in core ops (ExecuTorch has no round.decimals)
+    exact_height, exact_width = original_height.double(), original_width.double()
+    unpadded_height = ((exact_height * (width / exact_width) * 1e7).round() / 1e7).floor().long()
+    unpadded_width = ((exact_width * (height / exact_height) * 1e7).round() / 1e7).floor().long()
     wider = original_width * height > width * original_height
     top = torch.where(wider, (height - unpadded_height) // 2, 0)
     left = torch.where(wider, 0, (width - unpadded_width) // 2)
@@ -1237,6 +1239,82 @@ def _patch_anyres_packs_at_once(original):
         return ([packed], lengths) if with_lengths else [packed]
 
     return pack_image_features
+
+
+def _superpoint_keypoints_at_once(model, pixel_values, output_hidden_states=None, return_dict=None):
+    """SuperPoint's detection for every image of the batch at once: the pixels over the threshold away from the
+    border, in row-major order (in descending score where more than `max_keypoints` qualify, then the best of them),
+    padded to the most any image keeps, as eager pads them."""
+    from transformers.models.superpoint.modeling_superpoint import SuperPointKeypointDescriptionOutput
+
+    output_hidden_states = model.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+    pixel_values = model.extract_one_channel_pixel_values(pixel_values)
+    height, width = pixel_values.shape[-2:]
+    encoded = model.encoder(pixel_values, output_hidden_states=output_hidden_states, return_dict=True)
+    hidden = encoded.last_hidden_state
+    detector = model.keypoint_decoder
+    scores = detector._get_pixel_scores(hidden).flatten(1)  # (images, pixels), row-major
+    pixel = torch.arange(scores.shape[1], device=scores.device)
+    row, column, border = pixel // width, pixel % width, detector.border_removal_distance
+    # as eager: its far borders are measured on a map 8 times larger than the scores' (which span the image)
+    inside = (row >= border) & (row < 8 * height - border) & (column >= border) & (column < 8 * width - border)
+    candidate = (scores > detector.keypoint_threshold) & inside
+    count = candidate.sum(1)
+    order = (~candidate).to(torch.int8).argsort(dim=1, stable=True)  # the candidates first, in row-major order
+    if detector.max_keypoints >= 0:
+        best_first = torch.where(candidate, scores, -torch.inf).argsort(dim=1, descending=True, stable=True)
+        order = torch.where((count > detector.max_keypoints)[:, None], best_first, order)
+        count = count.clamp(max=detector.max_keypoints)
+    most = count.max().item()
+    torch._check(most <= scores.shape[1])
+    order = order[:, :most]
+    kept = torch.arange(most, device=scores.device) < count[:, None]
+    keypoints = torch.stack([order % width, order // width], dim=-1).to(scores.dtype)  # (x, y)
+    descriptors = model.descriptor_decoder.conv_descriptor_b(
+        model.descriptor_decoder.relu(model.descriptor_decoder.conv_descriptor_a(hidden)))
+    descriptors = torch.nn.functional.normalize(descriptors, p=2, dim=1)
+    descriptors = model.descriptor_decoder._sample_descriptors(keypoints, descriptors, 8).transpose(1, 2)
+    keypoints = torch.where(kept[..., None], keypoints, 0) / torch.tensor([width, height], device=scores.device)
+    output = SuperPointKeypointDescriptionOutput(
+        keypoints=keypoints, scores=torch.where(kept, scores.gather(1, order), 0),
+        descriptors=torch.where(kept[..., None], descriptors, 0), mask=kept.int(),
+        hidden_states=encoded.hidden_states if output_hidden_states else None)
+    use_dict = model.config.return_dict if return_dict is None else return_dict
+    return output if use_dict else output.to_tuple()
+
+
+@register_patch("dynamo", "transformers.models.superpoint.modeling_superpoint.SuperPointForKeypointDetection.forward",
+                reports=True)
+def _patch_superpoint_keypoints_of_every_image_at_once(original):
+    """SuperPoint detects and describes keypoints image by image in a Python loop (each image its own count, from
+    `nonzero`) and pads them to the largest count: the loop fixes the batch. With the batch symbolic, every image is
+    handled at once (`_superpoint_keypoints_at_once`); only the longest count is read from the data."""
+
+    def forward(self, pixel_values, labels=None, output_hidden_states=None, return_dict=None, **kwargs):
+        if labels is not None or not isinstance(pixel_values.shape[0], torch.SymInt):
+            return original(self, pixel_values, labels, output_hidden_states, return_dict, **kwargs)
+        report_applied()
+        return _superpoint_keypoints_at_once(self, pixel_values, output_hidden_states, return_dict)
+
+    return forward
+
+
+@register_patch("dynamo", "transformers.models.superglue.modeling_superglue.SuperGlueForKeypointMatching._match_image_pair",
+                "transformers.models.lightglue.modeling_lightglue.LightGlueForKeypointMatching._match_image_pair",
+                reports=True)
+def _patch_keypoint_matching_of_two_keypoints_or_more(original):
+    """SuperGlue and LightGlue branch on an empty keypoint set, and their attention on a single keypoint: with the
+    count read from the data (`_patch_superpoint_keypoints_of_every_image_at_once`) the trace cannot take either
+    branch. The program takes the matching branch, for images of two keypoints or more; a batch where every image
+    has fewer is refused at run time."""
+
+    def _match_image_pair(self, keypoints, *args, **kwargs):
+        if isinstance(keypoints.shape[2], torch.SymInt):
+            report_applied()
+            torch._check(keypoints.shape[2] > 1)
+        return original(self, keypoints, *args, **kwargs)
+
+    return _match_image_pair
 
 
 @register_patch("dynamo", "transformers.models.pixtral.modeling_pixtral.PixtralVisionModel.forward", reports=True)

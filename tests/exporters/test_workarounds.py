@@ -567,6 +567,10 @@ DYNAMIC_CELL_CASES = [  # (model class, backend, {workaround: (stage, message) o
     ("ReformerModel", "dynamo",
      {"_patch_reformer_axial_positions_gathered": ("dynamic-axes", "input_ids axis 0 = 2 (second set: 3)"),
       "_patch_reformer_padding_written_over": ("run", "4 + -1 * (input_ids.size()[1] % 4) == 1")}),
+    # SuperPoint's keypoints, image by image, in the matcher's two images per pair; then the matcher's empty branch
+    ("SuperGlueForKeypointMatching", "dynamo",
+     {"_patch_superpoint_keypoints_of_every_image_at_once": ("torch-export", "Eq(Max(u1, u3, u5, u7), 0)"),
+      "_patch_keypoint_matching_of_two_keypoints_or_more": ("torch-export", "Eq(u0, 0)")}),
 ]  # fmt: skip
 
 
@@ -1661,3 +1665,26 @@ def test_anyres_images_keep_their_count_and_sizes_symbolic():
     with disabled_workarounds("_patch_anyres_images_packed_at_once"), pytest.raises(
             exporters.ExportError, match="data-dependent"):
         exporter.export(model, first, export_config)
+
+
+def test_superpoint_keypoints_at_once_are_eagers_image_by_image():
+    """Every image's keypoints, scores and descriptors at once, as eager pads them: all of each image's keypoints,
+    or the best `max_keypoints` where some images have more; and the batch stays symbolic."""
+    from exporters.exporter_dynamo import _superpoint_keypoints_at_once
+
+    model = _built_by_the_sweep("SuperPointForKeypointDetection").model
+    with torch.no_grad():
+        model.keypoint_decoder.conv_score_b.weight.mul_(1e5)  # scores apart: a random tiny model ties them all
+    pixel_values = torch.randn(4, 3, 40, 48, generator=torch.Generator().manual_seed(0))
+    counts = []
+    for most in (-1, 5, 35):
+        model.keypoint_decoder.max_keypoints = most
+        with torch.no_grad():
+            by_image, at_once = model(pixel_values), _superpoint_keypoints_at_once(model, pixel_values)
+        for name in ("keypoints", "scores", "descriptors", "mask"):
+            torch.testing.assert_close(getattr(at_once, name), getattr(by_image, name), msg=name)
+        counts.append(by_image.mask.sum(1).tolist())
+    assert counts[1] == [5] * 4 and min(counts[0]) < 35 < max(counts[0]), counts  # cut, and cut for some images
+    fixed = _fixed_axes_with_and_without("SuperPointForKeypointDetection",
+                                         ["_patch_superpoint_keypoints_of_every_image_at_once"])
+    assert "pixel_values axis 0 = 2 (second set: 3)" in fixed["_patch_superpoint_keypoints_of_every_image_at_once"]
