@@ -460,7 +460,7 @@ def _split_taken_whole(caller):
         ("mistral_large4", "MistralLarge4Model"), ("muse_spark", "MuseSparkModel"),
         ("muse_glimmer", "MuseGlimmerModel"), ("kimi_k25", "Kimi_K25Model"),
         ("paddleocr_vl", "PaddleOCRVLModel"), ("lfm3_vl", "Lfm3VlModel"), ("molmo2", "Molmo2Model"),
-        ("minimax_m3_vl", "MiniMaxM3VLModel"))),
+        ("minimax_m3_vl", "MiniMaxM3VLModel"), ("cosmos3_edge", "Cosmos3EdgeModel"))),
     "transformers.models.lfm3_vl.modeling_lfm3_vl.Lfm3VlVisionModel.forward",  # its grid, to its convolutions
     reports=True,
 )
@@ -1260,15 +1260,17 @@ def _superpoint_keypoints_at_once(model, pixel_values, output_hidden_states=None
     inside = (row >= border) & (row < 8 * height - border) & (column >= border) & (column < 8 * width - border)
     candidate = (scores > detector.keypoint_threshold) & inside
     count = candidate.sum(1)
-    order = (~candidate).to(torch.int8).argsort(dim=1, stable=True)  # the candidates first, in row-major order
+    # the candidates first, in row-major order (distinct keys: ONNX has no stable sort)
+    order = torch.where(candidate, pixel, pixel + scores.shape[1]).argsort(dim=1)
     if detector.max_keypoints >= 0:
-        best_first = torch.where(candidate, scores, -torch.inf).argsort(dim=1, descending=True, stable=True)
+        best_first = torch.where(candidate, scores, -torch.inf).argsort(dim=1, descending=True)
         order = torch.where((count > detector.max_keypoints)[:, None], best_first, order)
         count = count.clamp(max=detector.max_keypoints)
     most = count.max().item()
     torch._check(most <= scores.shape[1])
-    order = order[:, :most]
-    kept = torch.arange(most, device=scores.device) < count[:, None]
+    slot = torch.arange(most, device=scores.device)
+    order = order.index_select(1, slot)  # not a slice: ONNX's decompositions lose an unbacked slice's end
+    kept = slot < count[:, None]
     keypoints = torch.stack([order % width, order // width], dim=-1).to(scores.dtype)  # (x, y)
     descriptors = model.descriptor_decoder.conv_descriptor_b(
         model.descriptor_decoder.relu(model.descriptor_decoder.conv_descriptor_a(hidden)))
@@ -1287,11 +1289,12 @@ def _superpoint_keypoints_at_once(model, pixel_values, output_hidden_states=None
                 reports=True)
 def _patch_superpoint_keypoints_of_every_image_at_once(original):
     """SuperPoint detects and describes keypoints image by image in a Python loop (each image its own count, from
-    `nonzero`) and pads them to the largest count: the loop fixes the batch. With the batch symbolic, every image is
-    handled at once (`_superpoint_keypoints_at_once`); only the longest count is read from the data."""
+    `nonzero`) and pads them to the largest count: the loop fixes the batch, and the largest of several counts read
+    from the data is more than a static trace can branch on (SuperGlue's empty-set check). Every image is handled at
+    once (`_superpoint_keypoints_at_once`); only the longest count is read from the data."""
 
     def forward(self, pixel_values, labels=None, output_hidden_states=None, return_dict=None, **kwargs):
-        if labels is not None or not isinstance(pixel_values.shape[0], torch.SymInt):
+        if labels is not None:
             return original(self, pixel_values, labels, output_hidden_states, return_dict, **kwargs)
         report_applied()
         return _superpoint_keypoints_at_once(self, pixel_values, output_hidden_states, return_dict)
@@ -1502,6 +1505,54 @@ def _patch_vision_positions_at_once(original):
         return torch.stack([frame - (frame_ends - grid_thw[:, 0])[image], rows, columns], dim=-1)
 
     return get_vision_position_ids
+
+
+@register_patch("dynamo", *(f"transformers.models.{module}.modeling_{module}.get_vision_nearest_position_ids"
+                            for module in ("minicpm_ocr", "minicpmv4_6", "minicpmv4_7")), reports=True)
+def _patch_nearest_positions_at_once(original):
+    """MiniCPM-V's towers map each patch to the nearest cell of their position table in a loop over
+    `target_sizes.tolist()`: it fixes the image count, and a composite model cannot take them precomputed. Every
+    patch at once instead: its row and column in its image (`_merged_patch_places`, blocks of one), bucketed."""
+
+    def get_vision_nearest_position_ids(target_sizes, num_patches_per_side, kwargs=None):
+        if (kwargs is not None and kwargs.get("position_ids") is not None) or _geometry_baked(target_sizes):
+            return original(target_sizes, num_patches_per_side, kwargs=kwargs)
+        report_applied()
+        total = target_sizes.prod(-1).sum().item()
+        torch._check(total >= 0)
+        grid = torch.cat([torch.ones_like(target_sizes[:, :1]), target_sizes], dim=-1)
+        _, _, rows, columns, row, column = _merged_patch_places(grid, 1, total)
+        cells = 1 / num_patches_per_side
+        boundaries = torch.arange(cells, 1.0, cells, device=target_sizes.device)
+        bucket_row = torch.bucketize(row / rows, boundaries, right=True)
+        bucket_column = torch.bucketize(column / columns, boundaries, right=True)
+        return bucket_row * num_patches_per_side + bucket_column
+
+    return get_vision_nearest_position_ids
+
+
+@register_patch("dynamo", "transformers.models.cosmos3_edge.modeling_cosmos3_edge.Cosmos3EdgeVisionEmbeddings"
+                            ".resize_positional_embeddings", reports=True)
+def _patch_cosmos3_edge_positions_resized_at_once(original):
+    """Cosmos3-Edge resizes its position grid to each frame's patch grid in a loop over `grid_thw.tolist()`, which
+    fixes the image count. Every patch at once instead, as `_patch_siglip2_positions_resized_as_tensors` does: its
+    row and column in its frame (merge-block order, `_merged_patch_places`) and their antialiased bilinear weights."""
+
+    def resize_positional_embeddings(positional_embeddings, grid_thw, spatial_merge_size):
+        if _geometry_baked(grid_thw):
+            return original(positional_embeddings, grid_thw, spatial_merge_size)
+        report_applied()
+        total = grid_thw.prod(-1).sum().item()
+        torch._check(total >= 0)
+        _, _, rows, columns, row, column = _merged_patch_places(grid_thw, spatial_merge_size, total)
+        side_rows, side_columns = positional_embeddings.shape[:2]
+        row_weights = _antialiased_bilinear_weights(rows, row, side_rows)
+        column_weights = _antialiased_bilinear_weights(columns, column, side_columns)
+        grid = positional_embeddings.to(torch.float32)
+        resized = torch.einsum("pr,pc,rcd->pd", row_weights, column_weights, grid)
+        return resized.to(positional_embeddings.dtype)
+
+    return resize_positional_embeddings
 
 
 def _merged_patch_places(grid_thw, merge, total):

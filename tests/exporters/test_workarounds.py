@@ -1688,3 +1688,20 @@ def test_superpoint_keypoints_at_once_are_eagers_image_by_image():
     fixed = _fixed_axes_with_and_without("SuperPointForKeypointDetection",
                                          ["_patch_superpoint_keypoints_of_every_image_at_once"])
     assert "pixel_values axis 0 = 2 (second set: 3)" in fixed["_patch_superpoint_keypoints_of_every_image_at_once"]
+
+
+def test_cosmos3_edge_positions_resized_at_once_are_eagers_frame_by_frame():
+    from transformers.models.cosmos3_edge.modeling_cosmos3_edge import Cosmos3EdgeVisionEmbeddings
+
+    from exporters.exporter_dynamo import _patch_cosmos3_edge_positions_resized_at_once
+
+    original = Cosmos3EdgeVisionEmbeddings.resize_positional_embeddings
+    at_once = _patch_cosmos3_edge_positions_resized_at_once(original)
+    table = torch.randn(6, 6, 8, generator=torch.Generator().manual_seed(0))
+    grids = torch.tensor([[1, 4, 6], [2, 2, 2], [1, 8, 4], [3, 6, 10]])  # shrunk and grown, videos of 2 and 3 frames
+    for merge in (1, 2):
+        torch.testing.assert_close(at_once(table, grids, merge), original(table, grids, merge))
+    _, export = _exported_on_the_varying_axes("Cosmos3EdgeVisionModel", ["_patch_cosmos3_edge_positions_resized_at_once"])
+    with disabled_workarounds("_patch_cosmos3_edge_positions_resized_at_once"), pytest.raises(
+            exporters.ExportError, match="data-dependent"):
+        export()
