@@ -1555,6 +1555,53 @@ def _patch_cosmos3_edge_positions_resized_at_once(original):
     return resize_positional_embeddings
 
 
+@register_patch("dynamo", *(f"transformers.models.{module}.modeling_{module}.get_vision_window_index"
+                            for module in ("minicpm_ocr", "minicpmv4_6", "minicpmv4_7")), reports=True)
+def _patch_whole_windows_at_once(original):
+    """MiniCPM-V's window merger orders each image's patches window by window in a loop over `grid_thw.tolist()`,
+    which fixes the image count. Its grids are whole windows (the merger checks it), so the order is the merge-block
+    layout with windows for blocks: `_merged_patch_places` gives every slot's patch, and the windows' bounds step by
+    a window's size."""
+
+    def get_vision_window_index(grid_thw, spatial_merge_size, window_size, patch_size, kwargs=None):
+        fed = kwargs is not None and kwargs.get("window_index") is not None
+        if fed or _geometry_baked(grid_thw) or (spatial_merge_size, patch_size) != (1, 1):
+            return original(grid_thw, spatial_merge_size, window_size, patch_size, kwargs)
+        report_applied()
+        total = grid_thw.prod(-1).sum().item()
+        torch._check(total >= 0)
+        _, start, _, columns, row, column = _merged_patch_places(grid_thw, window_size, total)
+        bounds = torch.arange(0, total + 1, window_size**2, device=grid_thw.device, dtype=torch.int32)
+        return start + row * columns + column, bounds
+
+    return get_vision_window_index
+
+
+@register_patch("dynamo", *(f"transformers.models.{module}.modeling_{module}.{prefix}Merger.forward" for module, prefix in (
+    ("minicpm_ocr", "MiniCPMOcr"), ("minicpmv4_6", "MiniCPMV4_6"), ("minicpmv4_7", "MiniCPMV4_7"))), reports=True)
+def _patch_minicpm_merger_blocks_gathered(original):
+    """MiniCPM-V's merger folds each image's patch grid into merge x merge blocks, round after round, in a Python
+    loop over the images: it fixes the image count. Every image's blocks at once instead, each round: the patches
+    of each block gathered (`_block_patches`) in the order the fold lays them out, and the round's projection."""
+
+    def forward(self, hidden_states, target_sizes):
+        merge, merge_w = self.merge_kernel_size
+        if _geometry_baked(target_sizes) or merge != merge_w:
+            return original(self, hidden_states, target_sizes)
+        report_applied()
+        features, sizes = hidden_states[0], target_sizes
+        for projection in self.mlp:  # one per round
+            merged = sizes // merge
+            grid = torch.cat([torch.ones_like(merged[:, :1]), merged], dim=-1)
+            _, start, _, columns, row, column = _merged_patch_places(grid, 1, features.shape[0] // merge**2)
+            source = start[:, None, None] * merge**2 + _block_patches(row, column, columns * merge, merge)
+            features = projection(features[source.flatten(1)].flatten(1))
+            sizes = merged
+        return [features]
+
+    return forward
+
+
 def _merged_patch_places(grid_thw, merge, total):
     """Where each of the ``total`` patches of frames laid out merge block by merge block (Qwen-VL's order) lies: its
     frame (counted over every image), the frame's first patch, rows and columns, and its own row and column in it."""

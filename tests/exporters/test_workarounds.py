@@ -1705,3 +1705,28 @@ def test_cosmos3_edge_positions_resized_at_once_are_eagers_frame_by_frame():
     with disabled_workarounds("_patch_cosmos3_edge_positions_resized_at_once"), pytest.raises(
             exporters.ExportError, match="data-dependent"):
         export()
+
+
+def test_minicpm_positions_windows_and_merger_at_once_are_eagers_image_by_image():
+    from transformers.models.minicpmv4_6 import modeling_minicpmv4_6 as minicpm
+
+    from exporters.exporter_dynamo import (
+        _patch_minicpm_merger_blocks_gathered,
+        _patch_nearest_positions_at_once,
+        _patch_whole_windows_at_once,
+    )
+
+    sizes = torch.tensor([[8, 12], [4, 4], [12, 8]])  # whole windows and merge blocks, two rounds deep
+    positions = _patch_nearest_positions_at_once(minicpm.get_vision_nearest_position_ids)
+    torch.testing.assert_close(positions(sizes, 5), minicpm.get_vision_nearest_position_ids(sizes, 5))
+    grid = torch.nn.functional.pad(sizes, (1, 0), value=1)
+    windows = _patch_whole_windows_at_once(minicpm.get_vision_window_index)
+    for ours, eagers in zip(windows(grid, 1, 2, 1), minicpm.get_vision_window_index(grid, 1, 2, 1)):
+        torch.testing.assert_close(ours, eagers, check_dtype=False)
+    config = _built_by_the_sweep("MiniCPMV4_6ForConditionalGeneration").model.config
+    config.merger_times = 2  # the tiny model folds once
+    merger = minicpm.MiniCPMV4_6Merger(config).eval()
+    features = torch.randn(1, int(sizes.prod(-1).sum()), merger.mlp[0].pre_norm.normalized_shape[0] // 4)
+    with torch.no_grad():
+        (gathered,) = _patch_minicpm_merger_blocks_gathered(type(merger).forward)(merger, features, sizes)
+        torch.testing.assert_close(gathered, torch.cat(merger(features, sizes)))
