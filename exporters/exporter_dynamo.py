@@ -1302,9 +1302,9 @@ def _patch_superpoint_keypoints_of_every_image_at_once(original):
     return forward
 
 
-@register_patch("dynamo", "transformers.models.superglue.modeling_superglue.SuperGlueForKeypointMatching._match_image_pair",
-                "transformers.models.lightglue.modeling_lightglue.LightGlueForKeypointMatching._match_image_pair",
-                reports=True)
+@register_patch("dynamo", *(f"transformers.models.{module}.modeling_{module}.{model}._match_image_pair"
+                            for module, model in (("superglue", "SuperGlueForKeypointMatching"),
+                                                  ("lightglue", "LightGlueForKeypointMatching"))), reports=True)
 def _patch_keypoint_matching_of_two_keypoints_or_more(original):
     """SuperGlue and LightGlue branch on an empty keypoint set, and their attention on a single keypoint: with the
     count read from the data (`_patch_superpoint_keypoints_of_every_image_at_once`) the trace cannot take either
@@ -1409,7 +1409,8 @@ def _patch_paddleocr_projector_blocks_gathered(original):
         blocks = frames * frame_blocks
         block_ends = blocks.cumsum(0)
         frame_patches = rows * columns
-        patch_starts = (frames * frame_patches).cumsum(0) - frames * frame_patches
+        patches = frames * frame_patches
+        patch_starts = patches.cumsum(0) - patches
         block = torch.arange(image_features.shape[0] // merge**2, device=image_features.device)
         image = torch.searchsorted(block_ends, block, right=True)
         local = block - (block_ends - blocks)[image]
@@ -1447,6 +1448,8 @@ def _patch_global_views_laid_out_at_once(original):
 
 
 def _global_views_at_once(model, pixel_values, **kwargs):
+    """Every image's global view through the tower and projector at once, laid out as the model lays each out (rows
+    ended by its newline, then its view separator), as one part of the per-image list."""
     tower = model.vision_tower if hasattr(model, "vision_tower") else model.vision_model
     outputs = tower(pixel_values, **kwargs)
     features = model.multi_modal_projector(outputs.last_hidden_state)
@@ -1577,8 +1580,9 @@ def _patch_whole_windows_at_once(original):
     return get_vision_window_index
 
 
-@register_patch("dynamo", *(f"transformers.models.{module}.modeling_{module}.{prefix}Merger.forward" for module, prefix in (
-    ("minicpm_ocr", "MiniCPMOcr"), ("minicpmv4_6", "MiniCPMV4_6"), ("minicpmv4_7", "MiniCPMV4_7"))), reports=True)
+@register_patch("dynamo", *(f"transformers.models.{module}.modeling_{module}.{prefix}Merger.forward"
+                            for module, prefix in (("minicpm_ocr", "MiniCPMOcr"), ("minicpmv4_6", "MiniCPMV4_6"),
+                                                   ("minicpmv4_7", "MiniCPMV4_7"))), reports=True)
 def _patch_minicpm_merger_blocks_gathered(original):
     """MiniCPM-V's merger folds each image's patch grid into merge x merge blocks, round after round, in a Python
     loop over the images: it fixes the image count. Every image's blocks at once instead, each round: the patches

@@ -254,7 +254,7 @@ def compare(actual: dict, expected: dict, atol: float, rtol: float) -> tuple[boo
     """Every eager output against the artifact's: ``(all close, per-output details, max abs, max rel)``."""
     import torch
 
-    expected, joined = joined_parts(actual, expected)
+    expected, joined_counts = joined_parts(actual, expected)
     details, max_abs, max_rel, ok = {}, 0.0, 0.0, True
     for name, reference in expected.items():
         value = actual.get(name)
@@ -280,7 +280,7 @@ def compare(actual: dict, expected: dict, atol: float, rtol: float) -> tuple[boo
         close = bool(torch.allclose(a, b, atol=atol, rtol=rtol, equal_nan=True))
         details[name] = {"ok": close, "abs": abs_diff, "rel": rel_diff, "shape": list(reference.shape)}
         max_abs, max_rel, ok = max(max_abs, abs_diff), max(max_rel, rel_diff), ok and close
-    for name, count in joined.items():
+    for name, count in joined_counts.items():
         details[name]["joined"] = count
     return ok, details, max_abs, max_rel
 

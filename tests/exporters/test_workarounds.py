@@ -1701,8 +1701,9 @@ def test_cosmos3_edge_positions_resized_at_once_are_eagers_frame_by_frame():
     grids = torch.tensor([[1, 4, 6], [2, 2, 2], [1, 8, 4], [3, 6, 10]])  # shrunk and grown, videos of 2 and 3 frames
     for merge in (1, 2):
         torch.testing.assert_close(at_once(table, grids, merge), original(table, grids, merge))
-    _, export = _exported_on_the_varying_axes("Cosmos3EdgeVisionModel", ["_patch_cosmos3_edge_positions_resized_at_once"])
-    with disabled_workarounds("_patch_cosmos3_edge_positions_resized_at_once"), pytest.raises(
+    workaround = "_patch_cosmos3_edge_positions_resized_at_once"
+    _, export = _exported_on_the_varying_axes("Cosmos3EdgeVisionModel", [workaround])
+    with disabled_workarounds(workaround), pytest.raises(
             exporters.ExportError, match="data-dependent"):
         export()
 
