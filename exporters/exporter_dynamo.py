@@ -1150,8 +1150,8 @@ def _anyres_packed(tiles, images: _AnyresImages, pinpoints, tile_size: int, newl
     sizes, device = images.sizes, tiles.device
     tokens = tiles.shape[1]
     side = math.isqrt(tokens)  # tokens per tile side
-    grids = torch.tensor(pinpoints, device=device) // tile_size
-    grid = grids[_best_resolutions(sizes, torch.tensor(pinpoints, device=device))][:, :, None, None]
+    resolutions = torch.tensor(pinpoints, device=device)
+    grid = (resolutions // tile_size)[_best_resolutions(sizes, resolutions)][:, :, None, None]
     height, width = grid[:, 0] * side, grid[:, 1] * side  # (images, 1, 1)
     original_height, original_width = sizes[:, 0, None, None], sizes[:, 1, None, None]
     # unpad_image: the side the image's aspect leaves short loses its padding, half at each end
@@ -1498,8 +1498,7 @@ def _patch_vision_positions_at_once(original):
         if precomputed or not isinstance(spatial_merge_size, int) or _geometry_baked(grid_thw):
             return original(grid_thw, spatial_merge_size, include_temporal, kwargs)
         report_applied()
-        total = grid_thw.prod(-1).sum().item()
-        torch._check(total >= 0)
+        total = _patch_total(grid_thw)
         frame, _, _, _, rows, columns = _merged_patch_places(grid_thw, spatial_merge_size, total)
         if not include_temporal:
             return torch.stack([rows, columns], dim=-1)
@@ -1521,8 +1520,7 @@ def _patch_nearest_positions_at_once(original):
         if (kwargs is not None and kwargs.get("position_ids") is not None) or _geometry_baked(target_sizes):
             return original(target_sizes, num_patches_per_side, kwargs=kwargs)
         report_applied()
-        total = target_sizes.prod(-1).sum().item()
-        torch._check(total >= 0)
+        total = _patch_total(target_sizes)
         grid = torch.cat([torch.ones_like(target_sizes[:, :1]), target_sizes], dim=-1)
         _, _, rows, columns, row, column = _merged_patch_places(grid, 1, total)
         cells = 1 / num_patches_per_side
@@ -1545,8 +1543,7 @@ def _patch_cosmos3_edge_positions_resized_at_once(original):
         if _geometry_baked(grid_thw):
             return original(positional_embeddings, grid_thw, spatial_merge_size)
         report_applied()
-        total = grid_thw.prod(-1).sum().item()
-        torch._check(total >= 0)
+        total = _patch_total(grid_thw)
         _, _, rows, columns, row, column = _merged_patch_places(grid_thw, spatial_merge_size, total)
         side_rows, side_columns = positional_embeddings.shape[:2]
         row_weights = _antialiased_bilinear_weights(rows, row, side_rows)
@@ -1571,8 +1568,7 @@ def _patch_whole_windows_at_once(original):
         if fed or _geometry_baked(grid_thw) or (spatial_merge_size, patch_size) != (1, 1):
             return original(grid_thw, spatial_merge_size, window_size, patch_size, kwargs)
         report_applied()
-        total = grid_thw.prod(-1).sum().item()
-        torch._check(total >= 0)
+        total = _patch_total(grid_thw)
         _, start, _, columns, row, column = _merged_patch_places(grid_thw, window_size, total)
         bounds = torch.arange(0, total + 1, window_size**2, device=grid_thw.device, dtype=torch.int32)
         return start + row * columns + column, bounds
@@ -1604,6 +1600,13 @@ def _patch_minicpm_merger_blocks_gathered(original):
         return [features]
 
     return forward
+
+
+def _patch_total(sizes: torch.Tensor) -> int:
+    """How many patches images of these sizes (a row of grid sides each) hold: read from the data, one number."""
+    total = sizes.prod(-1).sum().item()
+    torch._check(total >= 0)
+    return total
 
 
 def _merged_patch_places(grid_thw, merge, total):
