@@ -373,7 +373,6 @@ def test_packed_attention_under_a_data_dependent_length_exports():
 
 
 @pytest.mark.parametrize("name, size_input, backend, error", [
-    ("LlavaNextForConditionalGeneration", "image_sizes", "onnx", "data-dependent"),  # picks its tiles by them
     # chunks its audio frames by the number the mask marks real
     ("Qwen2_5OmniThinkerForConditionalGeneration", "feature_attention_mask", "dynamo", "data-dependent"),
     ("GlmImageModel", "images_per_sample", "dynamo", "data-dependent"),  # splits its grids per sample by them
