@@ -1637,7 +1637,7 @@ def test_anyres_images_packed_at_once_are_eagers_image_by_image(name):
 
 
 def test_anyres_images_keep_their_count_and_sizes_symbolic():
-    """Exported on two images, run on three of other sizes that pick other grids; without the patch the trace
+    """Exported on two images, run on five of other sizes that pick other grids; without the patch the trace
     stops on the sizes' values."""
     context = _built_by_the_sweep("LlavaNextModel")
     model, config = context.model, context.model.config
