@@ -1037,6 +1037,15 @@ def _antialiased_bilinear_weights(sizes: torch.Tensor, positions: torch.Tensor, 
     return weights / weights.sum(-1, keepdim=True)
 
 
+def _antialiased_resized(table: torch.Tensor, rows, row, columns, column) -> torch.Tensor:
+    """The (rows, columns, channels) ``table`` resized (antialiased bilinear) to each position's grid of ``rows`` x
+    ``columns``, read at its ``row`` and ``column`` (tensors of one shape): computed in float32, as torch on CPU."""
+    row_weights = _antialiased_bilinear_weights(rows, row, table.shape[0])
+    column_weights = _antialiased_bilinear_weights(columns, column, table.shape[1])
+    resized = torch.einsum("...r,...c,rcd->...d", row_weights, column_weights, table.to(torch.float32))
+    return resized.to(table.dtype)
+
+
 @register_patch(
     "dynamo", "transformers.models.siglip2.modeling_siglip2.Siglip2VisionEmbeddings.resize_positional_embeddings"
 )
@@ -1050,15 +1059,10 @@ def _patch_siglip2_positions_resized_as_tensors(original):
     def resize_positional_embeddings(positional_embeddings, spatial_shapes, max_length):
         if not isinstance(spatial_shapes, torch.Tensor):
             return original(positional_embeddings, spatial_shapes, max_length)
-        source_dtype = positional_embeddings.dtype
         rows, columns = spatial_shapes[:, :1], spatial_shapes[:, 1:]
         positions = torch.arange(max_length, device=spatial_shapes.device)[None]
         positions = torch.where(positions < rows * columns, positions, 0)
-        row_weights = _antialiased_bilinear_weights(rows, positions // columns, positional_embeddings.shape[0])
-        column_weights = _antialiased_bilinear_weights(columns, positions % columns, positional_embeddings.shape[1])
-        grid = positional_embeddings.to(torch.float32)
-        resized = torch.einsum("bpr,bpc,rcd->bpd", row_weights, column_weights, grid)
-        return resized.to(source_dtype)
+        return _antialiased_resized(positional_embeddings, rows, positions // columns, columns, positions % columns)
 
     return resize_positional_embeddings
 
@@ -1521,7 +1525,7 @@ def _patch_nearest_positions_at_once(original):
             return original(target_sizes, num_patches_per_side, kwargs=kwargs)
         report_applied()
         total = _patch_total(target_sizes)
-        grid = torch.cat([torch.ones_like(target_sizes[:, :1]), target_sizes], dim=-1)
+        grid = torch.nn.functional.pad(target_sizes, (1, 0), value=1)  # one frame each
         _, _, rows, columns, row, column = _merged_patch_places(grid, 1, total)
         cells = 1 / num_patches_per_side
         boundaries = torch.arange(cells, 1.0, cells, device=target_sizes.device)
@@ -1545,12 +1549,7 @@ def _patch_cosmos3_edge_positions_resized_at_once(original):
         report_applied()
         total = _patch_total(grid_thw)
         _, _, rows, columns, row, column = _merged_patch_places(grid_thw, spatial_merge_size, total)
-        side_rows, side_columns = positional_embeddings.shape[:2]
-        row_weights = _antialiased_bilinear_weights(rows, row, side_rows)
-        column_weights = _antialiased_bilinear_weights(columns, column, side_columns)
-        grid = positional_embeddings.to(torch.float32)
-        resized = torch.einsum("pr,pc,rcd->pd", row_weights, column_weights, grid)
-        return resized.to(positional_embeddings.dtype)
+        return _antialiased_resized(positional_embeddings, rows, row, columns, column)
 
     return resize_positional_embeddings
 
@@ -1592,7 +1591,7 @@ def _patch_minicpm_merger_blocks_gathered(original):
         features, sizes = hidden_states[0], target_sizes
         for projection in self.mlp:  # one per round
             merged = sizes // merge
-            grid = torch.cat([torch.ones_like(merged[:, :1]), merged], dim=-1)
+            grid = torch.nn.functional.pad(merged, (1, 0), value=1)  # one frame each
             _, start, _, columns, row, column = _merged_patch_places(grid, 1, features.shape[0] // merge**2)
             source = start[:, None, None] * merge**2 + _block_patches(row, column, columns * merge, merge)
             features = projection(features[source.flatten(1)].flatten(1))
