@@ -1488,6 +1488,39 @@ def _patch_lighton_ocr_image_features_whole(original):
     return can_return_tuple(get_image_features)
 
 
+@register_patch("dynamo", "transformers.models.emu3.modeling_emu3.Emu3Model.get_image_features", reports=True)
+def _patch_emu3_image_tokens_cropped_at_once(original):
+    """Emu3 crops each image's VQ codes to the image's size and ends each kept row with an end-of-line token, image
+    by image over `image_sizes`: it fixes the image count. Every image at once: the codes of the padded grid, an
+    end-of-line column after each image's last kept column, and the kept cells picked by one mask in eager's order."""
+    from transformers.models.emu3.modeling_emu3 import Emu3VQVAEModelOutput
+    from transformers.utils.generic import can_return_tuple
+
+    def get_image_features(self, pixel_values, image_sizes, **kwargs):
+        if pixel_values.ndim != 4 or _geometry_baked(image_sizes):
+            return inspect.unwrap(original)(self, pixel_values, image_sizes, **kwargs)
+        report_applied()
+        vq = self.vqmodel
+        frames = pixel_values.unsqueeze(1).repeat(1, vq.config.temporal_downsample_factor, 1, 1, 1)
+        hidden_states = vq.encoder(frames.to(vq.dtype))
+        quantized = vq.quant_conv(hidden_states.permute(0, 2, 1, 3, 4)).permute(0, 2, 1, 3, 4)
+        codes = vq.quantize(quantized).squeeze(1)  # (images, rows, columns)
+        images, rows, columns = codes.shape
+        mapping = self.vocabulary_mapping
+        tokens = mapping.img2bpe_mapping_tensor.to(codes.device)[codes]
+        tokens = torch.nn.functional.pad(tokens, (0, 1), value=mapping.eol_token_id)
+        kept_rows, kept_columns = (image_sizes // vq.vision_spatial_factor).unbind(-1)
+        row = torch.arange(rows, device=codes.device)[None, :, None]
+        column = torch.arange(columns + 1, device=codes.device)[None, None, :]
+        row_end = column == kept_columns[:, None, None]
+        tokens = torch.where(row_end, mapping.eol_token_id, tokens)
+        kept = (row < kept_rows[:, None, None]) & (column <= kept_columns[:, None, None])
+        embeddings = self.get_input_embeddings()(tokens[kept])
+        return Emu3VQVAEModelOutput(last_hidden_state=hidden_states, pooler_output=(embeddings,))
+
+    return can_return_tuple(get_image_features)
+
+
 @register_patch("dynamo", *(f"transformers.models.{module}.modeling_{module}.get_vision_position_ids" for module in (
     "muse_spark", "muse_glimmer", "kimi_k25", "qwen2_vl", "minimax_m3_vl")), reports=True)
 def _patch_vision_positions_at_once(original):

@@ -570,6 +570,8 @@ DYNAMIC_CELL_CASES = [  # (model class, backend, {workaround: (stage, message) o
     ("SuperGlueForKeypointMatching", "dynamo",
      {"_patch_superpoint_keypoints_of_every_image_at_once": ("torch-export", "Eq(Max(u1, u3, u5, u7), 0)"),
       "_patch_keypoint_matching_of_two_keypoints_or_more": ("torch-export", "Eq(u0, 0)")}),
+    # crops each image's tokens to its size, image by image
+    ("Emu3Model", "dynamo", {"_patch_emu3_image_tokens_cropped_at_once": ("torch-export", "data-dependent")}),
 ]  # fmt: skip
 
 
@@ -1730,3 +1732,20 @@ def test_minicpm_positions_windows_and_merger_at_once_are_eagers_image_by_image(
     with torch.no_grad():
         (gathered,) = _patch_minicpm_merger_blocks_gathered(type(merger).forward)(merger, features, sizes)
         torch.testing.assert_close(gathered, torch.cat(merger(features, sizes)))
+
+
+def test_emu3_image_tokens_cropped_at_once_are_eagers_image_by_image():
+    from transformers.models.emu3.modeling_emu3 import Emu3Model
+
+    from exporters.exporter_dynamo import _patch_emu3_image_tokens_cropped_at_once
+
+    model = _built_by_the_sweep("Emu3Model").model
+    side = 32
+    factor = model.vqmodel.vision_spatial_factor
+    # whole, rows cropped, columns cropped, both
+    sizes = torch.tensor([[side, side], [side // 2, side], [side, side - factor], [factor, factor]])
+    pixel_values = torch.randn(len(sizes), 3, side, side, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        by_image = Emu3Model.get_image_features(model, pixel_values, sizes).pooler_output
+        at_once = _patch_emu3_image_tokens_cropped_at_once(Emu3Model.get_image_features)(model, pixel_values, sizes)
+    torch.testing.assert_close(at_once.pooler_output[0], torch.cat(by_image))
