@@ -460,7 +460,8 @@ def _split_taken_whole(caller):
         ("mistral_large4", "MistralLarge4Model"), ("muse_spark", "MuseSparkModel"),
         ("muse_glimmer", "MuseGlimmerModel"), ("kimi_k25", "Kimi_K25Model"),
         ("paddleocr_vl", "PaddleOCRVLModel"), ("lfm3_vl", "Lfm3VlModel"), ("molmo2", "Molmo2Model"),
-        ("minimax_m3_vl", "MiniMaxM3VLModel"), ("cosmos3_edge", "Cosmos3EdgeModel"))),
+        ("minimax_m3_vl", "MiniMaxM3VLModel"), ("cosmos3_edge", "Cosmos3EdgeModel"),
+        ("ernie4_5_vl_moe", "Ernie4_5_VLMoeModel"))),
     "transformers.models.lfm3_vl.modeling_lfm3_vl.Lfm3VlVisionModel.forward",  # its grid, to its convolutions
     reports=True,
 )
@@ -1410,14 +1411,10 @@ def _patch_paddleocr_projector_blocks_gathered(original):
         frames, rows, columns = image_grid_thw.unbind(-1)
         block_columns = columns // merge
         frame_blocks = (rows // merge) * block_columns
-        blocks = frames * frame_blocks
-        block_ends = blocks.cumsum(0)
         frame_patches = rows * columns
         patches = frames * frame_patches
         patch_starts = patches.cumsum(0) - patches
-        block = torch.arange(image_features.shape[0] // merge**2, device=image_features.device)
-        image = torch.searchsorted(block_ends, block, right=True)
-        local = block - (block_ends - blocks)[image]
+        image, local = _places_in_parts(frames * frame_blocks, image_features.shape[0] // merge**2)
         frame, in_frame = local // frame_blocks[image], local % frame_blocks[image]
         source = (patch_starts[image] + frame * frame_patches[image])[:, None, None] + _block_patches(
             in_frame // block_columns[image], in_frame % block_columns[image], columns[image], merge)
@@ -1641,20 +1638,52 @@ def _patch_total(sizes: torch.Tensor) -> int:
     return total
 
 
+def _places_in_parts(sizes: torch.Tensor, total) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each of the ``total`` items of parts of these sizes laid end to end: its part, and its offset in the part."""
+    ends = sizes.cumsum(0)
+    item = torch.arange(total, device=sizes.device)
+    part = torch.searchsorted(ends, item, right=True)
+    return part, item - (ends - sizes)[part]
+
+
 def _merged_patch_places(grid_thw, merge, total):
     """Where each of the ``total`` patches of frames laid out merge block by merge block (Qwen-VL's order) lies: its
     frame (counted over every image), the frame's first patch, rows and columns, and its own row and column in it."""
     frames, heights, widths = grid_thw.unbind(-1)
     frame_sizes = torch.repeat_interleave(heights * widths, frames)
-    ends = frame_sizes.cumsum(0)
-    patch = torch.arange(total, device=grid_thw.device)
-    frame = torch.searchsorted(ends, patch, right=True)
-    start = (ends - frame_sizes)[frame]
+    frame, in_frame = _places_in_parts(frame_sizes, total)
+    start = (frame_sizes.cumsum(0) - frame_sizes)[frame]
     rows, columns = torch.repeat_interleave(heights, frames)[frame], torch.repeat_interleave(widths, frames)[frame]
-    block, within = (patch - start) // (merge * merge), (patch - start) % (merge * merge)
+    block, within = in_frame // (merge * merge), in_frame % (merge * merge)
     row = block // (columns // merge) * merge + within // merge
     column = block % (columns // merge) * merge + within % merge
     return frame, start, rows, columns, row, column
+
+
+@register_patch("dynamo", "transformers.models.ernie4_5_vl_moe.modeling_ernie4_5_vl_moe"
+                            ".Ernie4_5_VLMoeVariableResolutionResamplerModel._temporal_slicing", reports=True)
+def _patch_ernie_vl_frame_pairs_at_once(original):
+    """Ernie 4.5-VL's resampler pairs each video's even frames with its odd ones (an image with itself) in a loop over
+    `grid_thw` and Python ranges of its frame counts: it fixes the image count. Every merged token's two rows at once
+    instead, from its image, its pair and its place in the frame; a video's odd last frame is dropped as eager's
+    `zip` drops it."""
+
+    def _temporal_slicing(self, hidden_states, grid_thw):
+        if _geometry_baked(grid_thw):
+            return original(self, hidden_states, grid_thw)
+        report_applied()
+        frames = grid_thw[:, 0]
+        frame_tokens = grid_thw[:, 1:].prod(-1) // self.spatial_merge_size**2
+        pairs = torch.where(frames > 1, frames // 2, 1)
+        starts = (frames * frame_tokens).cumsum(0) - frames * frame_tokens
+        total = _patch_total(torch.stack([pairs, frame_tokens], dim=-1))
+        image, within = _places_in_parts(pairs * frame_tokens, total)
+        pair, token = within // frame_tokens[image], within % frame_tokens[image]
+        first = starts[image] + 2 * pair * frame_tokens[image] + token
+        second = first + (frames[image] > 1).long() * frame_tokens[image]
+        return torch.cat([hidden_states.index_select(0, first), hidden_states.index_select(0, second)], dim=-1)
+
+    return _temporal_slicing
 
 
 @register_patch("dynamo", "transformers.models.lfm3_vl.modeling_lfm3_vl.Lfm3VlVisionShortConv.forward", reports=True)

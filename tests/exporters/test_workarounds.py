@@ -572,6 +572,8 @@ DYNAMIC_CELL_CASES = [  # (model class, backend, {workaround: (stage, message) o
       "_patch_keypoint_matching_of_two_keypoints_or_more": ("torch-export", "Eq(u0, 0)")}),
     # crops each image's tokens to its size, image by image
     ("Emu3Model", "dynamo", {"_patch_emu3_image_tokens_cropped_at_once": ("torch-export", "data-dependent")}),
+    # pairs its videos' frames in Python ranges of their frame counts
+    ("Ernie4_5_VLMoeModel", "dynamo", {"_patch_ernie_vl_frame_pairs_at_once": ("torch-export", "data-dependent")}),
 ]  # fmt: skip
 
 
@@ -1749,3 +1751,17 @@ def test_emu3_image_tokens_cropped_at_once_are_eagers_image_by_image():
         by_image = Emu3Model.get_image_features(model, pixel_values, sizes).pooler_output
         at_once = _patch_emu3_image_tokens_cropped_at_once(Emu3Model.get_image_features)(model, pixel_values, sizes)
     torch.testing.assert_close(at_once.pooler_output[0], torch.cat(by_image))
+
+
+def test_ernie_vl_frame_pairs_at_once_are_eagers_image_by_image():
+    from transformers.models.ernie4_5_vl_moe.modeling_ernie4_5_vl_moe import (
+        Ernie4_5_VLMoeVariableResolutionResamplerModel as Resampler,
+    )
+
+    from exporters.exporter_dynamo import _patch_ernie_vl_frame_pairs_at_once
+
+    resampler = types.SimpleNamespace(spatial_merge_size=2)
+    grids = torch.tensor([[1, 4, 6], [2, 2, 2], [3, 4, 2], [4, 2, 4]])  # an image; videos of 2, 3 (odd) and 4 frames
+    hidden_states = torch.randn(int(grids.prod(-1).sum()) // 4, 8)
+    at_once = _patch_ernie_vl_frame_pairs_at_once(Resampler._temporal_slicing)(resampler, hidden_states, grids)
+    torch.testing.assert_close(at_once, Resampler._temporal_slicing(resampler, hidden_states, grids))
