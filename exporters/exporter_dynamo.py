@@ -461,7 +461,7 @@ def _split_taken_whole(caller):
         ("muse_glimmer", "MuseGlimmerModel"), ("kimi_k25", "Kimi_K25Model"),
         ("paddleocr_vl", "PaddleOCRVLModel"), ("lfm3_vl", "Lfm3VlModel"), ("molmo2", "Molmo2Model"),
         ("minimax_m3_vl", "MiniMaxM3VLModel"), ("cosmos3_edge", "Cosmos3EdgeModel"),
-        ("ernie4_5_vl_moe", "Ernie4_5_VLMoeModel"))),
+        ("ernie4_5_vl_moe", "Ernie4_5_VLMoeModel"), ("video_llama_3", "VideoLlama3Model"))),
     "transformers.models.lfm3_vl.modeling_lfm3_vl.Lfm3VlVisionModel.forward",  # its grid, to its convolutions
     reports=True,
 )
@@ -1684,6 +1684,37 @@ def _patch_ernie_vl_frame_pairs_at_once(original):
         return torch.cat([hidden_states.index_select(0, first), hidden_states.index_select(0, second)], dim=-1)
 
     return _temporal_slicing
+
+
+@register_patch("dynamo", "transformers.models.video_llama_3.modeling_video_llama_3.VideoLlama3VisionModel"
+                            ".pixel_unshuffle", reports=True)
+def _patch_video_llama3_blocks_shrunk_at_once(original):
+    """VideoLLaMA 3's tower lays each image's merge blocks back out in rows and shrinks the grid by the image's merge
+    size (bilinear), image by image over `grid_thw`: it fixes the image count. A shrink by a whole factor samples
+    each block's middle (one patch for an odd merge size, the middle four halfway for an even one): every block at
+    once instead, from its patches, with eager's weights."""
+
+    def pixel_unshuffle(self, hidden_states, grid_thw, merge_sizes):
+        if _geometry_baked(grid_thw):
+            return original(self, hidden_states, grid_thw, merge_sizes)
+        report_applied()
+        frames, rows, columns = grid_thw.unbind(-1)
+        merges = merge_sizes.to(grid_thw.dtype)
+        blocks = torch.stack([frames, rows // merges, columns // merges], dim=-1)
+        image, block = _places_in_parts(blocks.prod(-1), _patch_total(blocks))
+        patches = grid_thw.prod(-1)
+        merge = merges[image]
+        first = (patches.cumsum(0) - patches)[image] + block * merge * merge
+        near, far = (merge - 1) // 2, merge // 2
+        weight = (merge % 2 == 0).to(hidden_states.dtype)[:, None] / 2  # the source's fraction past `near`
+
+        def between(row, left, right):
+            return (1 - weight) * hidden_states[first + row * merge + left] + weight * hidden_states[
+                first + row * merge + right]
+
+        return (1 - weight) * between(near, near, far) + weight * between(far, near, far)
+
+    return pixel_unshuffle
 
 
 @register_patch("dynamo", "transformers.models.lfm3_vl.modeling_lfm3_vl.Lfm3VlVisionShortConv.forward", reports=True)

@@ -574,6 +574,8 @@ DYNAMIC_CELL_CASES = [  # (model class, backend, {workaround: (stage, message) o
     ("Emu3Model", "dynamo", {"_patch_emu3_image_tokens_cropped_at_once": ("torch-export", "data-dependent")}),
     # pairs its videos' frames in Python ranges of their frame counts
     ("Ernie4_5_VLMoeModel", "dynamo", {"_patch_ernie_vl_frame_pairs_at_once": ("torch-export", "data-dependent")}),
+    ("VideoLlama3Model", "dynamo",
+     {"_patch_video_llama3_blocks_shrunk_at_once": ("torch-export", "data-dependent")}),
 ]  # fmt: skip
 
 
@@ -1765,3 +1767,16 @@ def test_ernie_vl_frame_pairs_at_once_are_eagers_image_by_image():
     hidden_states = torch.randn(int(grids.prod(-1).sum()) // 4, 8)
     at_once = _patch_ernie_vl_frame_pairs_at_once(Resampler._temporal_slicing)(resampler, hidden_states, grids)
     torch.testing.assert_close(at_once, Resampler._temporal_slicing(resampler, hidden_states, grids))
+
+
+def test_video_llama3_blocks_shrunk_at_once_are_eagers_image_by_image():
+    from transformers.models.video_llama_3.modeling_video_llama_3 import VideoLlama3VisionModel
+
+    from exporters.exporter_dynamo import _patch_video_llama3_blocks_shrunk_at_once
+
+    original = VideoLlama3VisionModel.pixel_unshuffle
+    grids = torch.tensor([[1, 4, 6], [2, 4, 4], [1, 6, 6], [3, 2, 4]])  # images and videos of 2 and 3 frames
+    merges = torch.tensor([1, 2, 3, 2])  # kept, the middle four of each block, its middle one
+    hidden_states = torch.randn(int(grids.prod(-1).sum()), 8)
+    at_once = _patch_video_llama3_blocks_shrunk_at_once(original)(None, hidden_states, grids, merges)
+    torch.testing.assert_close(at_once, original(None, hidden_states, grids, merges))
