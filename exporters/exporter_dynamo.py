@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.fx.experimental._config as fx_config
 from torch.utils import _pytree
 
 from .exported import Exported, build_metadata
@@ -461,7 +462,8 @@ def _split_taken_whole(caller):
         ("muse_glimmer", "MuseGlimmerModel"), ("kimi_k25", "Kimi_K25Model"),
         ("paddleocr_vl", "PaddleOCRVLModel"), ("lfm3_vl", "Lfm3VlModel"), ("molmo2", "Molmo2Model"),
         ("minimax_m3_vl", "MiniMaxM3VLModel"), ("cosmos3_edge", "Cosmos3EdgeModel"),
-        ("ernie4_5_vl_moe", "Ernie4_5_VLMoeModel"), ("video_llama_3", "VideoLlama3Model"))),
+        ("ernie4_5_vl_moe", "Ernie4_5_VLMoeModel"), ("video_llama_3", "VideoLlama3Model"),
+        ("inkling2", "Inkling2Model"))),
     "transformers.models.lfm3_vl.modeling_lfm3_vl.Lfm3VlVisionModel.forward",  # its grid, to its convolutions
     reports=True,
 )
@@ -1519,7 +1521,7 @@ def _patch_emu3_image_tokens_cropped_at_once(original):
 
 
 @register_patch("dynamo", *(f"transformers.models.{module}.modeling_{module}.get_vision_position_ids" for module in (
-    "muse_spark", "muse_glimmer", "kimi_k25", "qwen2_vl", "minimax_m3_vl")), reports=True)
+    "muse_spark", "muse_glimmer", "kimi_k25", "qwen2_vl", "minimax_m3_vl", "inkling2")), reports=True)
 def _patch_vision_positions_at_once(original):
     """`get_vision_position_ids` builds each image's (row, column) grid in a loop over `grid_thw.tolist()`, which
     fixes the image count; a composite model cannot take them precomputed (its text model reads `position_ids`),
@@ -1715,6 +1717,21 @@ def _patch_video_llama3_blocks_shrunk_at_once(original):
         return (1 - weight) * between(near, near, far) + weight * between(far, near, far)
 
     return pixel_unshuffle
+
+
+@register_patch("dynamo", "transformers.models.inkling2.modeling_inkling2.get_vision_interpolation_indices_and_weights",
+                reports=True)
+def _patch_inkling2_taps_for_any_image_count(original):
+    """Inkling 2 computes its position-table taps in its tower (it does not take them precomputed), and the helper
+    pads its images' starts from a slice one shorter than the image count: for the two images of a trace a slice of
+    one, whose contiguity check fixes the count. Size-oblivious, the trace reads no such size as one or zero."""
+
+    def get_vision_interpolation_indices_and_weights(*args, **kwargs):
+        report_applied()
+        with fx_config.patch(backed_size_oblivious=True):
+            return original(*args, **kwargs)
+
+    return get_vision_interpolation_indices_and_weights
 
 
 @register_patch("dynamo", "transformers.models.lfm3_vl.modeling_lfm3_vl.Lfm3VlVisionShortConv.forward", reports=True)
@@ -2042,10 +2059,11 @@ def _patch_glm_image_placeholder_check_as_tensor(_original):
     "dynamo",
     "transformers.models.voxtral.modeling_voxtral.VoxtralModel.get_placeholder_mask",
     "transformers.models.inkling.modeling_inkling.InklingModel.get_placeholder_mask",
+    "transformers.models.inkling2.modeling_inkling2.Inkling2Model.get_placeholder_mask",
     reports=True,
 )
 def _patch_placeholder_count_checked_by_sum(original):
-    """Voxtral and Inkling check their placeholders against their features by the size of a boolean selection:
+    """Voxtral and Inkling (1 and 2) check their placeholders against their features by the size of a boolean selection:
     with a symbolic batch, equating that data-dependent size with the features' size trips torch's range
     bookkeeping ("not a subset of src_bound"). The count of placeholders times the width is that size: the same
     check as a tensor condition, as in `_patch_hunyuan_vl_placeholder_check_as_tensor`."""

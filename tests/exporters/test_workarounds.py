@@ -576,6 +576,9 @@ DYNAMIC_CELL_CASES = [  # (model class, backend, {workaround: (stage, message) o
     ("Ernie4_5_VLMoeModel", "dynamo", {"_patch_ernie_vl_frame_pairs_at_once": ("torch-export", "data-dependent")}),
     ("VideoLlama3Model", "dynamo",
      {"_patch_video_llama3_blocks_shrunk_at_once": ("torch-export", "data-dependent")}),
+    # exported on two images: its position-table taps pad a slice of one
+    ("Inkling2ForConditionalGeneration", "dynamo",
+     {"_patch_inkling2_taps_for_any_image_count": ("dynamic-axes", "image_grid_thw axis 0 = 2 (second set: 3)")}),
 ]  # fmt: skip
 
 
