@@ -463,7 +463,7 @@ def _split_taken_whole(caller):
         ("paddleocr_vl", "PaddleOCRVLModel"), ("lfm3_vl", "Lfm3VlModel"), ("molmo2", "Molmo2Model"),
         ("minimax_m3_vl", "MiniMaxM3VLModel"), ("cosmos3_edge", "Cosmos3EdgeModel"),
         ("ernie4_5_vl_moe", "Ernie4_5_VLMoeModel"), ("video_llama_3", "VideoLlama3Model"),
-        ("inkling2", "Inkling2Model"))),
+        ("inkling2", "Inkling2Model"), ("hunyuan_vl", "HunYuanVLModel"))),
     "transformers.models.lfm3_vl.modeling_lfm3_vl.Lfm3VlVisionModel.forward",  # its grid, to its convolutions
     reports=True,
 )
@@ -1719,19 +1719,104 @@ def _patch_video_llama3_blocks_shrunk_at_once(original):
     return pixel_unshuffle
 
 
+def _interpolation_taps(grid_thw, side, mode, **kwargs):
+    """transformers' taps and weights resizing a square position table to every image's grid at once. It pads the
+    images' starts from a slice one shorter than the image count: for the two images of a trace a slice of one,
+    whose contiguity check fixes the count. Traced size-oblivious, no such size is read as one or zero."""
+    from transformers.vision_utils import get_vision_interpolation_indices_and_weights
+
+    with fx_config.patch(backed_size_oblivious=True):
+        return get_vision_interpolation_indices_and_weights(grid_thw, side, mode, **kwargs)
+
+
 @register_patch("dynamo", "transformers.models.inkling2.modeling_inkling2.get_vision_interpolation_indices_and_weights",
                 reports=True)
 def _patch_inkling2_taps_for_any_image_count(original):
-    """Inkling 2 computes its position-table taps in its tower (it does not take them precomputed), and the helper
-    pads its images' starts from a slice one shorter than the image count: for the two images of a trace a slice of
-    one, whose contiguity check fixes the count. Size-oblivious, the trace reads no such size as one or zero."""
+    """Inkling 2 computes its position-table taps in its tower (it does not take them precomputed): with
+    `_interpolation_taps`, for any image count."""
 
-    def get_vision_interpolation_indices_and_weights(*args, **kwargs):
+    def get_vision_interpolation_indices_and_weights(grid_thw, num_grid_per_side, mode="bilinear", **kwargs):
         report_applied()
-        with fx_config.patch(backed_size_oblivious=True):
-            return original(*args, **kwargs)
+        return _interpolation_taps(grid_thw, num_grid_per_side, mode, **kwargs)
 
     return get_vision_interpolation_indices_and_weights
+
+
+@register_patch("dynamo", "transformers.models.hunyuan_vl.modeling_hunyuan_vl.HunYuanVLVisionPatchEmbed.forward",
+                reports=True)
+def _patch_hunyuan_vl_positions_resized_at_once(original):
+    """HunYuan-VL resizes its position table to each image's grid, image by image over `grid_thw`: it fixes the
+    image count. Every patch's position at once instead, from `_interpolation_taps`."""
+
+    def forward(self, pixel_values, grid_thw):
+        if not isinstance(grid_thw, torch.Tensor) or _geometry_baked(grid_thw):
+            return original(self, pixel_values, grid_thw)
+        report_applied()
+        patches = pixel_values.reshape(-1, self.config.num_channels, self.patch_size, self.patch_size)
+        embeddings = self.patch_embedding(patches.to(self.patch_embedding.weight.dtype)).flatten(1)
+        indices, weights = _interpolation_taps(grid_thw, self.position_edge, self.config.interpolate_mode)
+        table = self.position_embedding.weight[1:].float()  # the first row is the class token's
+        positions = (table[indices] * weights[..., None]).sum(1).to(embeddings.dtype)
+        return (embeddings + positions).unsqueeze(0)
+
+    return forward
+
+
+@register_patch("dynamo", "transformers.models.hunyuan_vl.modeling_hunyuan_vl.HunYuanVLVisionTransformer.forward",
+                reports=True)
+def _patch_hunyuan_vl_images_merged_at_once(original):
+    """HunYuan-VL's tower merges each image's patches (a strided convolution), ends each merged row with a newline
+    and puts the image between begin and end tokens, image by image over `grid_thw.tolist()`: it fixes the image
+    count. Every image at once instead: each merged cell from its block's patches, then every image's layout
+    gathered from the cells and the newline."""
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
+    from transformers.models.hunyuan_vl import modeling_hunyuan_vl
+    from transformers.utils.generic import merge_with_config_defaults
+    from transformers.utils.output_capturing import capture_outputs
+
+    def forward(self, pixel_values, grid_thw, **kwargs):
+        if _geometry_baked(grid_thw):
+            return inspect.unwrap(original)(self, pixel_values, grid_thw, **kwargs)
+        report_applied()
+        hidden_states = self.embeddings(pixel_values, grid_thw)
+        cu_seqlens, max_seqlen = modeling_hunyuan_vl.get_vision_attention_seqlens(grid_thw, self.config, kwargs=kwargs)
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, attention_mask=None,
+                                  **kwargs)
+        merged = _hunyuan_vl_merged(self.patch_merger, hidden_states[0], grid_thw)
+        return BaseModelOutputWithPooling(last_hidden_state=hidden_states, pooler_output=merged[None])
+
+    return merge_with_config_defaults(capture_outputs(forward))
+
+
+def _hunyuan_vl_merged(merger, patches, grid_thw):
+    """HunYuan-VL's merger over every image at once (one frame each, as the merger reshapes them): the cells, each
+    image's begin, rows of cells each ended by the newline, and end."""
+    merge = merger.spatial_merge_size
+    rows, columns = grid_thw[:, 1], grid_thw[:, 2]
+    cell_rows, cell_columns = rows // merge, columns // merge
+    cells = torch.stack([cell_rows, cell_columns], dim=-1)
+    image, cell = _places_in_parts(cells.prod(-1), _patch_total(cells))
+    starts = (rows * columns).cumsum(0) - rows * columns
+    source = starts[image][:, None, None] + _block_patches(
+        cell // cell_columns[image], cell % cell_columns[image], columns[image], merge)
+    blocks = merger.before_rms(patches)[source]  # (cells, merge, merge, channels)
+    convolution = merger.proj_conv
+    folded = torch.nn.functional.linear(blocks.permute(0, 3, 1, 2).flatten(1), convolution.weight.flatten(1),
+                                        convolution.bias)
+    projected = merger.proj_out(merger.proj_act(folded)[:, :, None, None]).flatten(1)
+    rows_of = torch.cat([projected, merger.image_newline[None].to(projected.dtype)])  # the newline last
+
+    layouts = cell_rows * (cell_columns + 1) + 2
+    image, slot = _places_in_parts(layouts, _patch_total(layouts[:, None]))
+    place, width = slot - 1, cell_columns[image] + 1  # place: within the rows, after the begin token
+    first_cell = (cells.prod(-1).cumsum(0) - cells.prod(-1))[image]
+    is_cell = (slot > 0) & (slot < layouts[image] - 1) & (place % width < width - 1)
+    picked = torch.where(is_cell, first_cell + place // width * (width - 1) + place % width, projected.shape[0])
+    tokens = merger.mlp(rows_of[picked])
+    begin, end = (slot == 0)[:, None], (slot == layouts[image] - 1)[:, None]
+    tokens = torch.where(begin, merger.image_begin.to(tokens.dtype), torch.where(end, merger.image_end, tokens))
+    return merger.after_rms(tokens)
 
 
 @register_patch("dynamo", "transformers.models.lfm3_vl.modeling_lfm3_vl.Lfm3VlVisionShortConv.forward", reports=True)

@@ -579,6 +579,9 @@ DYNAMIC_CELL_CASES = [  # (model class, backend, {workaround: (stage, message) o
     # exported on two images: its position-table taps pad a slice of one
     ("Inkling2ForConditionalGeneration", "dynamo",
      {"_patch_inkling2_taps_for_any_image_count": ("dynamic-axes", "image_grid_thw axis 0 = 2 (second set: 3)")}),
+    ("HunYuanVLVisionTransformer", "dynamo",
+     {"_patch_hunyuan_vl_images_merged_at_once": ("dynamic-axes", "grid_thw axis 0 = 2 (second set: 3)"),
+      "_patch_hunyuan_vl_positions_resized_at_once": ("dynamic-axes", "grid_thw axis 0 = 2 (second set: 3)")}),
 ]  # fmt: skip
 
 
@@ -1783,3 +1786,18 @@ def test_video_llama3_blocks_shrunk_at_once_are_eagers_image_by_image():
     hidden_states = torch.randn(int(grids.prod(-1).sum()), 8)
     at_once = _patch_video_llama3_blocks_shrunk_at_once(original)(None, hidden_states, grids, merges)
     torch.testing.assert_close(at_once, original(None, hidden_states, grids, merges))
+
+
+def test_hunyuan_vl_positions_and_merged_images_at_once_are_eagers_image_by_image():
+    from exporters.utils import apply_patches
+
+    tower = _built_by_the_sweep("HunYuanVLVisionTransformer").model
+    grids = torch.tensor([[1, 4, 6], [1, 6, 4], [1, 2, 2], [1, 5, 7]])  # odd sides lose a row or column of blocks
+    pixel_values = torch.randn(int(grids.prod(-1).sum()), 3 * tower.config.patch_size**2)
+    with torch.no_grad():
+        by_image = tower(pixel_values, grids)
+        with apply_patches("dynamo", select=lambda path: ".modeling_hunyuan_vl.HunYuanVLVision" in path):
+            at_once = tower(pixel_values, grids)
+    assert set(at_once) == set(by_image) == {"last_hidden_state", "pooler_output"}
+    for name in by_image:
+        torch.testing.assert_close(at_once[name], by_image[name], msg=name)
