@@ -2126,6 +2126,45 @@ def _patch_hunyuan_vl_placeholder_check_as_tensor(original):
     return get_placeholder_mask
 
 
+@register_patch("dynamo", "transformers.models.glm_image.modeling_glm_image.GlmImageModel"
+                            ".get_image_grids_for_generation", reports=True)
+def _patch_glm_image_source_grids_by_mask(original):
+    """GLM-Image drops each sample's last grid (the image it generates) by splitting the grids by
+    `images_per_sample.tolist()`: it fixes the sample and image counts. The same rows kept by one mask."""
+
+    def get_image_grids_for_generation(self, images_per_sample, image_grid_thw):
+        if images_per_sample is None or _geometry_baked(images_per_sample):
+            return original(self, images_per_sample, image_grid_thw)
+        report_applied()
+        last = images_per_sample.cumsum(0) - 1
+        row = torch.arange(image_grid_thw.shape[0], device=image_grid_thw.device)
+        return image_grid_thw[~(row[:, None] == last).any(-1)]
+
+    return get_image_grids_for_generation
+
+
+@register_patch("dynamo", "transformers.models.glm_image.modeling_glm_image.GlmImageModel.get_image_features",
+                reports=True)
+def _patch_glm_image_features_as_one_map(original):
+    """GLM-Image lays each image's features out as its own map, split by `.tolist()` sizes, and its VQ tokenizer
+    runs on each map in turn: the image count is fixed. The tokenizer works cell by cell (a 1x1 convolution, then
+    the nearest code): every image's cells, in the same order, as one map of one row."""
+    from transformers.utils.generic import accepts_precomputed_kwargs, can_return_tuple
+
+    def get_image_features(self, pixel_values, image_grid_thw=None, images_per_sample=None, **kwargs):
+        baked = not isinstance(image_grid_thw, torch.Tensor) or _geometry_baked(image_grid_thw)
+        if baked or images_per_sample is not None:
+            return inspect.unwrap(original)(self, pixel_values, image_grid_thw, images_per_sample, **kwargs)
+        report_applied()
+        torch._check_tensor_all((image_grid_thw[:, 0] == 1).all(), lambda: "GLM-Image's maps are of one frame")
+        outputs = self.visual(pixel_values.type(self.visual.dtype), grid_thw=image_grid_thw, return_dict=True,
+                              **kwargs)
+        outputs.pooler_output = outputs.pooler_output.T[None, :, None]  # (1, channels, 1, cells)
+        return outputs
+
+    return accepts_precomputed_kwargs(modality="image")(can_return_tuple(get_image_features))
+
+
 @register_patch("dynamo", "transformers.models.glm_image.modeling_glm_image.GlmImageModel.get_placeholder_mask")
 def _patch_glm_image_placeholder_check_as_tensor(_original):
     """GLM-Image checks its placeholder count against its image tokens with a Python `if` on a tensor's value, as

@@ -375,7 +375,6 @@ def test_packed_attention_under_a_data_dependent_length_exports():
 @pytest.mark.parametrize("name, size_input, backend, error", [
     # chunks its audio frames by the number the mask marks real
     ("Qwen2_5OmniThinkerForConditionalGeneration", "feature_attention_mask", "dynamo", "data-dependent"),
-    ("GlmImageModel", "images_per_sample", "dynamo", "data-dependent"),  # splits its grids per sample by them
 ])  # fmt: skip
 def test_a_static_export_bakes_in_the_image_and_audio_geometry(monkeypatch, name, size_input, backend, error):
     context = _built_by_the_sweep(name)
@@ -582,6 +581,9 @@ DYNAMIC_CELL_CASES = [  # (model class, backend, {workaround: (stage, message) o
     ("HunYuanVLVisionTransformer", "dynamo",
      {"_patch_hunyuan_vl_images_merged_at_once": ("dynamic-axes", "grid_thw axis 0 = 2 (second set: 3)"),
       "_patch_hunyuan_vl_positions_resized_at_once": ("dynamic-axes", "grid_thw axis 0 = 2 (second set: 3)")}),
+    ("GlmImageModel", "dynamo",
+     {"_patch_glm_image_source_grids_by_mask": ("dynamic-axes", "images_per_sample axis 0 = 2 (second set: 3)"),
+      "_patch_glm_image_features_as_one_map": ("torch-export", "data-dependent")}),
 ]  # fmt: skip
 
 
@@ -1801,3 +1803,24 @@ def test_hunyuan_vl_positions_and_merged_images_at_once_are_eagers_image_by_imag
     assert set(at_once) == set(by_image) == {"last_hidden_state", "pooler_output"}
     for name in by_image:
         torch.testing.assert_close(at_once[name], by_image[name], msg=name)
+
+
+def test_glm_image_source_grids_and_tokens_of_one_map_are_eagers_image_by_image():
+    from transformers.models.glm_image.modeling_glm_image import GlmImageModel
+
+    from exporters.exporter_dynamo import _patch_glm_image_features_as_one_map, _patch_glm_image_source_grids_by_mask
+
+    context = _built_by_the_sweep("GlmImageModel")
+    model, inputs = context.model, context.inputs["A"]
+    grids = torch.tensor([[1, 2, 2], [1, 4, 2], [1, 2, 2], [1, 2, 4], [1, 4, 4], [1, 2, 2]])
+    per_sample = torch.tensor([2, 3, 1])  # the last grid of each sample is the image it generates
+    by_mask = _patch_glm_image_source_grids_by_mask(GlmImageModel.get_image_grids_for_generation)
+    torch.testing.assert_close(by_mask(model, per_sample, grids),
+                               GlmImageModel.get_image_grids_for_generation(model, per_sample, grids))
+    sources = grids[[0, 2, 3]]
+    pixel_values = torch.randn(int(sources.prod(-1).sum()), inputs["pixel_values"].shape[-1])
+    one_map = _patch_glm_image_features_as_one_map(GlmImageModel.get_image_features)
+    with torch.no_grad():
+        by_image = model.get_image_tokens(model.get_image_features(pixel_values, sources).pooler_output)
+        at_once = model.get_image_tokens(one_map(model, pixel_values, sources).pooler_output)
+    torch.testing.assert_close(at_once, by_image)
