@@ -345,6 +345,26 @@ def _patch_encodec_one_chunk_as_one_offset(original):
     return chunk_offsets
 
 
+@register_patch("dynamo", "transformers.models.nemotron3_diarization.modeling_nemotron3_diarization.range",
+                "transformers.models.nemotron3_5_transcribe.modeling_nemotron3_5_transcribe.range", reports=True)
+def _patch_nemotron_audio_of_one_chunk(original):
+    """Nemotron's audio models encode long audio in chunks of `chunk_length` frames, listed by
+    `range(start, frames, chunk_length)`: Python's `range` takes ints, which fixes a symbolic frame count. A program
+    for audio of up to one chunk (27 s for the diarizer, 40 s for the transcriber) lists that one chunk and refuses
+    longer audio at run time (the diarizer's speaker cache bounds it lower still, by its queue of 40 frames: 3 s)."""
+
+    def chunk_starts(*args):
+        if len(args) != 3 or not isinstance(args[1], torch.SymInt) or isinstance(args[0], torch.SymInt):
+            return original(*args)
+        report_applied()
+        start, stop, step = args
+        torch._check(stop - start <= step, lambda: f"audio of more than one chunk ({step} frames)")
+        torch._check(stop > start)
+        return [start]
+
+    return chunk_starts
+
+
 @register_patch("dynamo", "transformers.models.blt.modeling_blt.byte_group_hash_function")
 def _patch_blt_byte_groups_gathered(_original):
     """BLT hashes the byte n-grams ending at each position from `unfold` windows over the input padded in front.
