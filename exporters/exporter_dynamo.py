@@ -154,6 +154,9 @@ def _size_or_symbol(size) -> int | str:
 def trace_model(model: torch.nn.Module, inputs: dict[str, Any], config: DynamoConfig, log: StageLog) -> Traced:
     """Run stages 1 to 5 around ``torch.export.export``; every failure names its stage."""
     traced_inputs, constants = split_inputs(inputs, sizes_as_constants=not config.dynamic)
+    # an input that is a view would have its base traced and guarded too, a tensor no caller of the program passes
+    traced_inputs = {name: value.clone() if isinstance(value, torch.Tensor) and value._base is not None else value
+                     for name, value in traced_inputs.items()}
     size_dtypes = {name: inputs[name].dtype for name in constants if isinstance(inputs[name], torch.Tensor)}
     fired: set[str] = {"size_inputs_as_constants"} if size_dtypes else set()
     with ExitStack() as active, torch.no_grad():
@@ -279,14 +282,14 @@ def _patch_experts_batched_mm(original):
     "dynamo",
     *(f"transformers.models.{name}.modeling_{name}.len"
       for name in ("rt_detr", "rt_detr_v2", "d_fine", "deimv2", "pp_doclayout_v2", "pp_doclayout_v3", "depth_pro",
-                   "clipseg", "qwen2_5_omni")),
+                   "clipseg", "qwen2_5_omni", "radio")),
     reports=True,
 )
 def _patch_len_of_tensor_symbolic(original):
     """RT-DETR and the detectors built on its code read their batch size as `len(source_flatten)`, DepthPro counts
-    its patches per scale so, CLIPSeg its prompts, Qwen2.5-Omni's vocoder its utterances. Python's `len` must answer
-    an int, so a dynamic batch is fixed to the traced one; in these modules the length of a tensor is its first size,
-    which stays symbolic."""
+    its patches per scale so, CLIPSeg its prompts, Qwen2.5-Omni's vocoder its utterances, RADIO its packed images.
+    Python's `len` must answer an int, so a dynamic batch is fixed to the traced one; in these modules the length of
+    a tensor is its first size, which stays symbolic."""
 
     def length(value):
         if not isinstance(value, torch.Tensor) or not value.dim():
@@ -1048,23 +1051,23 @@ def _patch_llava_features_as_one_image(original):
     return forward
 
 
-def _antialiased_bilinear_weights(sizes: torch.Tensor, positions: torch.Tensor, source: int) -> torch.Tensor:
-    """The weights ``F.interpolate(mode="bilinear", antialias=True, align_corners=False)`` gives the ``source``
-    pixels of one axis for output ``positions`` when resized to ``sizes`` (tensors of a shape): a triangle as wide
-    as the scale when shrinking, one pixel when growing, normalised. Zero outside the window the kernel visits."""
+def _bilinear_weights(sizes: torch.Tensor, positions: torch.Tensor, source: int, antialias: bool) -> torch.Tensor:
+    """The weights ``F.interpolate(mode="bilinear", align_corners=False)`` gives the ``source`` pixels of one axis
+    for output ``positions`` when resized to ``sizes`` (tensors of a shape): a triangle one pixel wide, or, antialiased,
+    as wide as the scale when shrinking; normalised, which clamps the edges as torch does. Zero outside the window."""
     scale = source / sizes.to(torch.float32)
-    support = scale.clamp(min=1.0)
+    support = scale.clamp(min=1.0) if antialias else torch.ones_like(scale)
     center = scale * (positions.to(torch.float32) + 0.5)
     pixels = torch.arange(source, dtype=torch.float32, device=sizes.device)
     weights = (1 - ((pixels - center[..., None] + 0.5) / support[..., None]).abs()).clamp(min=0)
     return weights / weights.sum(-1, keepdim=True)
 
 
-def _antialiased_resized(table: torch.Tensor, rows, row, columns, column) -> torch.Tensor:
-    """The (rows, columns, channels) ``table`` resized (antialiased bilinear) to each position's grid of ``rows`` x
-    ``columns``, read at its ``row`` and ``column`` (tensors of one shape): computed in float32, as torch on CPU."""
-    row_weights = _antialiased_bilinear_weights(rows, row, table.shape[0])
-    column_weights = _antialiased_bilinear_weights(columns, column, table.shape[1])
+def _resized(table: torch.Tensor, rows, row, columns, column, antialias=True) -> torch.Tensor:
+    """The (rows, columns, channels) ``table`` resized (bilinear) to each position's grid of ``rows`` x ``columns``,
+    read at its ``row`` and ``column`` (tensors of one shape): computed in float32, as torch on CPU."""
+    row_weights = _bilinear_weights(rows, row, table.shape[0], antialias)
+    column_weights = _bilinear_weights(columns, column, table.shape[1], antialias)
     resized = torch.einsum("...r,...c,rcd->...d", row_weights, column_weights, table.to(torch.float32))
     return resized.to(table.dtype)
 
@@ -1085,7 +1088,7 @@ def _patch_siglip2_positions_resized_as_tensors(original):
         rows, columns = spatial_shapes[:, :1], spatial_shapes[:, 1:]
         positions = torch.arange(max_length, device=spatial_shapes.device)[None]
         positions = torch.where(positions < rows * columns, positions, 0)
-        return _antialiased_resized(positional_embeddings, rows, positions // columns, columns, positions % columns)
+        return _resized(positional_embeddings, rows, positions // columns, columns, positions % columns)
 
     return resize_positional_embeddings
 
@@ -1601,7 +1604,7 @@ def _patch_cosmos3_edge_positions_resized_at_once(original):
         report_applied()
         total = _patch_total(grid_thw)
         _, _, rows, columns, row, column = _merged_patch_places(grid_thw, spatial_merge_size, total)
-        return _antialiased_resized(positional_embeddings, rows, row, columns, column)
+        return _resized(positional_embeddings, rows, row, columns, column)
 
     return resize_positional_embeddings
 
@@ -1837,6 +1840,67 @@ def _hunyuan_vl_merged(merger, patches, grid_thw):
     begin, end = (slot == 0)[:, None], (slot == layouts[image] - 1)[:, None]
     tokens = torch.where(begin, merger.image_begin.to(tokens.dtype), torch.where(end, merger.image_end, tokens))
     return merger.after_rms(tokens)
+
+
+@register_patch("dynamo", "transformers.models.radio.modeling_radio.RadioPatchEmbeddings._embed_packed_patches",
+                reports=True)
+def _patch_radio_packed_images_at_once(original):
+    """RADIO embeds packed images one by one over `image_grid_hw.tolist()` (its class and register tokens, then its
+    patches with the position table resized to a square of its longer side, cropped): it fixes the image count.
+    Every token at once instead: its image, and a token of the prefix or a patch with its resized position."""
+
+    def _embed_packed_patches(self, pixel_values, image_grid_hw):
+        if _geometry_baked(image_grid_hw):
+            return original(self, pixel_values, image_grid_hw)
+        report_applied()
+        patches = self.patch_projection(pixel_values)
+        prefix = self.cls_register_token.shape[0]
+        heights, widths = image_grid_hw.unbind(-1)
+        counts = heights * widths
+        image, slot = _places_in_parts(counts + prefix, _patch_total(image_grid_hw) + prefix * image_grid_hw.shape[0])
+        patch = (slot - prefix).clamp(min=0)  # the prefix's slots read patch 0 of their image, then the prefix
+        side = torch.maximum(heights, widths)[image]
+        table = self.position_embedding.reshape(self.max_rows, self.max_cols, -1)
+        positions = _resized(table.float(), side, patch // widths[image], side, patch % widths[image], antialias=False)
+        embedded = patches[(counts.cumsum(0) - counts)[image] + patch] + positions.to(patches.dtype)
+        tokens = self.cls_register_token[slot.clamp(max=prefix - 1)]
+        return torch.where((slot < prefix)[:, None], tokens, embedded).unsqueeze(0)
+
+    return _embed_packed_patches
+
+
+@register_patch("dynamo", "transformers.models.nemotron_h_omni.modeling_nemotron_h_omni.NemotronH_Omni_Reasoning_V3"
+                            ".get_image_features", reports=True)
+def _patch_nemotron_h_omni_images_shuffled_at_once(original):
+    """Nemotron-H Omni pixel-shuffles each image's features (every 2 x 2 block of patches into one token) image by
+    image over `image_grid_hw.tolist()`: it fixes the image count. The shuffle lays out each block's patches in their
+    row-major order: every block at once instead, gathered."""
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
+    from transformers.utils.generic import can_return_tuple
+
+    def get_image_features(self, pixel_values, image_grid_hw, **kwargs):
+        if self.config.downsample_ratio != 0.5 or _geometry_baked(image_grid_hw):
+            return inspect.unwrap(original)(self, pixel_values, image_grid_hw, **kwargs)
+        report_applied()
+        torch._check_tensor_all(image_grid_hw.prod(-1).sum() == pixel_values.shape[0],
+                                lambda: "`pixel_values` and `image_grid_hw` count different patches")
+        outputs = self.vision_model(pixel_values.to(self.vision_model.config.torch_dtype),
+                                    image_grid_hw=image_grid_hw, **kwargs)
+        features = outputs.features
+        if self.vision_final_layernorm is not None:
+            features = self.vision_final_layernorm(features)
+        heights, widths = image_grid_hw.unbind(-1)
+        blocks = image_grid_hw // 2
+        image, block = _places_in_parts(blocks.prod(-1), _patch_total(blocks))
+        block_columns = blocks[image, 1]
+        first = (heights * widths).cumsum(0) - heights * widths
+        source = first[image][:, None, None] + _block_patches(block // block_columns, block % block_columns,
+                                                              widths[image], 2)
+        projected = self.multi_modal_projector(features[source].flatten(1))
+        return BaseModelOutputWithPooling(last_hidden_state=outputs.last_hidden_state, pooler_output=(projected,),
+                                          hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+
+    return can_return_tuple(get_image_features)
 
 
 @register_patch("dynamo", "transformers.models.lfm3_vl.modeling_lfm3_vl.Lfm3VlVisionShortConv.forward", reports=True)

@@ -150,6 +150,19 @@ def test_bare_tensor_output_is_named_output():
     assert exporters.named_leaves(Double()(torch.ones(2))).keys() == {"output"}
 
 
+def test_an_input_that_is_a_view_is_traced_without_its_base():
+    class HalvedGrid(torch.nn.Module):
+        def forward(self, grid):
+            return (grid // 2).prod(-1).sum() + grid.unbind(-1)[0]
+
+    grid = torch.tensor([[1, 1, 4, 4], [1, 1, 6, 4]])[:, 2:]  # a view, as an input factory may slice its sizes
+    axes = {"grid": {0: torch.export.Dim.AUTO}}
+    exporter, config = exporters.exporter_for("dynamo", dynamic=True, dynamic_shapes=axes)
+    exported = exporter.export(HalvedGrid(), {"grid": grid}, config)
+    other = torch.tensor([[2, 2], [4, 4], [6, 6]])
+    torch.testing.assert_close(exported(grid=other)["output"], HalvedGrid()(other))
+
+
 def test_python_numbers_among_the_outputs_stay_out_of_the_onnx_graph():
     class StepPredictor(torch.nn.Module):  # Qwen3-Omni's code predictor returns the step it is at
         def forward(self, embeddings):
@@ -1828,3 +1841,23 @@ def test_glm_image_source_grids_and_tokens_of_one_map_are_eagers_image_by_image(
         at_once = model.get_image_tokens(one_map(model, pixel_values, sources).pooler_output)
     torch.testing.assert_close(at_once, by_image)
 
+
+
+def test_radio_packed_images_and_nemotron_h_omni_shuffle_at_once_are_eagers_image_by_image():
+    from exporters.exporter_dynamo import (
+        _patch_nemotron_h_omni_images_shuffled_at_once,
+        _patch_radio_packed_images_at_once,
+    )
+
+    model = _built_by_the_sweep("NemotronH_Omni_Reasoning_V3").model
+    embeddings = model.vision_model.embeddings
+    grids = torch.tensor([[2, 2], [2, 4], [6, 4], [4, 4]])  # positions resized to 2, 4 and 6 and cropped
+    pixel_values = torch.randn(int(grids.prod(-1).sum()), embeddings.patch_projection.in_features)
+    embed = type(embeddings)._embed_packed_patches
+    with torch.no_grad():
+        at_once = _patch_radio_packed_images_at_once(embed)(embeddings, pixel_values, grids)
+        torch.testing.assert_close(at_once, embed(embeddings, pixel_values, grids))
+        features = type(model).get_image_features
+        by_image = features(model, pixel_values, grids).pooler_output
+        shuffled = _patch_nemotron_h_omni_images_shuffled_at_once(features)(model, pixel_values, grids).pooler_output
+    torch.testing.assert_close(shuffled[0], torch.cat(by_image))
