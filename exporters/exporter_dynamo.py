@@ -368,6 +368,52 @@ def _patch_nemotron_audio_of_one_chunk(original):
     return chunk_starts
 
 
+_TIMESFM = (("timesfm", "TimesFmModelForPrediction"), ("timesfm2_5", "TimesFm2_5ModelForPrediction"))
+
+
+@register_patch("dynamo", *(f"transformers.models.{module}.modeling_{module}.{model}.forward"
+                            for module, model in _TIMESFM), reports=True)
+def _patch_timesfm_series_as_one_batch(original):
+    """TimesFM takes a list of series of any lengths and walks it series by series (their last context, their
+    minimum, their padding): a batch tensor walked so fixes its size. Series of one length, handed over as one
+    time-major tensor, go through that walk once, and `_patch_timesfm_batch_padded_at_once` pads them together."""
+
+    def forward(self, past_values, *args, **kwargs):
+        batched = isinstance(past_values, torch.Tensor) and past_values.dim() == 2
+        if not batched or args or kwargs.get("window_size") is not None:  # a decomposition doubles the series
+            return original(self, past_values, *args, **kwargs)
+        report_applied()
+        return original(self, [past_values.T], **kwargs)
+
+    return forward
+
+
+@register_patch("dynamo", *(f"transformers.models.{module}.modeling_{module}.{model}._preprocess"
+                            for module, model in _TIMESFM))
+def _patch_timesfm_batch_padded_at_once(original):
+    """TimesFM's padding of `_patch_timesfm_series_as_one_batch`'s time-major batch, series by series as eager pads
+    each: front zeros up to the context, or the context's last values, and the padding mask."""
+
+    def _preprocess(self, inputs, freq=None, context_len=None):
+        if len(inputs) != 1 or inputs[0].dim() != 2:
+            return original(self, inputs, freq, context_len)
+        context_len = context_len or self.context_len
+        series = inputs[0].T  # (batch, length)
+        padding = series.new_zeros(series.shape[0], series.shape[1] + self.horizon_len)
+        if series.shape[1] < context_len:
+            front = context_len - series.shape[1]
+            series = torch.nn.functional.pad(series, (front, 0))
+            padding = torch.nn.functional.pad(padding, (front, 0), value=1.0)
+        elif series.shape[1] > context_len:
+            series, padding = series[:, -context_len:], padding[:, -(context_len + self.horizon_len):]
+        if freq is None:
+            return series, padding
+        frequencies = torch.as_tensor(freq, dtype=torch.int32, device=series.device).reshape(-1, 1)
+        return series, padding, frequencies.expand(series.shape[0], 1)
+
+    return _preprocess
+
+
 @register_patch("dynamo", "transformers.models.blt.modeling_blt.byte_group_hash_function")
 def _patch_blt_byte_groups_gathered(_original):
     """BLT hashes the byte n-grams ending at each position from `unfold` windows over the input padded in front.

@@ -600,6 +600,9 @@ DYNAMIC_CELL_CASES = [  # (model class, backend, {workaround: (stage, message) o
     # lists its chunks with a Python range up to the frame count
     ("Nemotron3DiarizationForAudioFrameClassification", "dynamo",
      {"_patch_nemotron_audio_of_one_chunk": ("run", "Guard failed")}),
+    # walks its list of series one by one
+    ("TimesFmModelForPrediction", "dynamo",
+     {"_patch_timesfm_series_as_one_batch": ("dynamic-axes", "past_values axis 0 = 2 (second set: 3)")}),
 ]  # fmt: skip
 
 
@@ -1861,3 +1864,23 @@ def test_radio_packed_images_and_nemotron_h_omni_shuffle_at_once_are_eagers_imag
         by_image = features(model, pixel_values, grids).pooler_output
         shuffled = _patch_nemotron_h_omni_images_shuffled_at_once(features)(model, pixel_values, grids).pooler_output
     torch.testing.assert_close(shuffled[0], torch.cat(by_image))
+
+
+@pytest.mark.parametrize("name", ["TimesFmModelForPrediction", "TimesFm2_5ModelForPrediction"])
+def test_timesfm_series_as_one_batch_forecast_like_eager_series_by_series(name):
+    from exporters.utils import apply_patches
+
+    model = _built_by_the_sweep(name).model
+    context = model.context_len
+    # padded in front; as they are; longer than TimesFM's own context, which its padding cuts them to
+    longer = context + model.config.patch_length  # TimesFM 2.5 patches its context: a whole number of patches
+    for length, forecast_context in ((context - 5, None), (context, None), (longer, longer)):
+        past_values = torch.randn(3, length, generator=torch.Generator().manual_seed(length))
+        options = {"forecast_context_len": forecast_context}
+        with torch.no_grad():
+            by_series = exporters.named_leaves(model(past_values=list(past_values), **options))
+            with apply_patches("dynamo", select=lambda path: ".modeling_timesfm" in path):
+                at_once = exporters.named_leaves(model(past_values=past_values, **options))
+        assert at_once.keys() == by_series.keys()
+        for output in by_series:
+            torch.testing.assert_close(at_once[output], by_series[output], msg=f"{length}: {output}")
