@@ -1573,7 +1573,7 @@ def _patch_emu3_image_tokens_cropped_at_once(original):
         hidden_states = vq.encoder(frames.to(vq.dtype))
         quantized = vq.quant_conv(hidden_states.permute(0, 2, 1, 3, 4)).permute(0, 2, 1, 3, 4)
         codes = vq.quantize(quantized).squeeze(1)  # (images, rows, columns)
-        images, rows, columns = codes.shape
+        _, rows, columns = codes.shape
         mapping = self.vocabulary_mapping
         tokens = mapping.img2bpe_mapping_tensor.to(codes.device)[codes]
         tokens = torch.nn.functional.pad(tokens, (0, 1), value=mapping.eol_token_id)
