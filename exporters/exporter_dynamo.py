@@ -1458,7 +1458,7 @@ def _patch_patch_merger_blocks_gathered(original):
         index = (slot < blocks[:, None]).flatten().nonzero().squeeze(1)
         torch._check(index.shape[0] > 1)  # the callers squeeze a leading 1: a single block is refused at run time
         image, local = index // slots, index % slots
-        patch_starts = (rows * columns).cumsum(0) - rows * columns
+        patch_starts = _starts(rows * columns)
         source = patch_starts[image][:, None, None] + _block_patches(
             local // block_columns[image], local % block_columns[image], columns[image], merge)
         merged = image_features[source].permute(0, 3, 1, 2).flatten(1)
@@ -1484,7 +1484,7 @@ def _patch_paddleocr_projector_blocks_gathered(original):
         frame_blocks = (rows // merge) * block_columns
         frame_patches = rows * columns
         patches = frames * frame_patches
-        patch_starts = patches.cumsum(0) - patches
+        patch_starts = _starts(patches)
         image, local = _places_in_parts(frames * frame_blocks, image_features.shape[0] // merge**2)
         frame, in_frame = local // frame_blocks[image], local % frame_blocks[image]
         source = (patch_starts[image] + frame * frame_patches[image])[:, None, None] + _block_patches(
@@ -1709,12 +1709,16 @@ def _patch_total(sizes: torch.Tensor) -> int:
     return total
 
 
+def _starts(sizes: torch.Tensor) -> torch.Tensor:
+    """Where each part of these sizes begins, the parts laid end to end."""
+    return sizes.cumsum(0) - sizes
+
+
 def _places_in_parts(sizes: torch.Tensor, total) -> tuple[torch.Tensor, torch.Tensor]:
     """Each of the ``total`` items of parts of these sizes laid end to end: its part, and its offset in the part."""
-    ends = sizes.cumsum(0)
     item = torch.arange(total, device=sizes.device)
-    part = torch.searchsorted(ends, item, right=True)
-    return part, item - (ends - sizes)[part]
+    part = torch.searchsorted(sizes.cumsum(0), item, right=True)
+    return part, item - _starts(sizes)[part]
 
 
 def _merged_patch_places(grid_thw, merge, total):
@@ -1723,7 +1727,7 @@ def _merged_patch_places(grid_thw, merge, total):
     frames, heights, widths = grid_thw.unbind(-1)
     frame_sizes = torch.repeat_interleave(heights * widths, frames)
     frame, in_frame = _places_in_parts(frame_sizes, total)
-    start = (frame_sizes.cumsum(0) - frame_sizes)[frame]
+    start = _starts(frame_sizes)[frame]
     rows, columns = torch.repeat_interleave(heights, frames)[frame], torch.repeat_interleave(widths, frames)[frame]
     block, within = in_frame // (merge * merge), in_frame % (merge * merge)
     row = block // (columns // merge) * merge + within // merge
@@ -1746,7 +1750,7 @@ def _patch_ernie_vl_frame_pairs_at_once(original):
         frames = grid_thw[:, 0]
         frame_tokens = grid_thw[:, 1:].prod(-1) // self.spatial_merge_size**2
         pairs = torch.where(frames > 1, frames // 2, 1)
-        starts = (frames * frame_tokens).cumsum(0) - frames * frame_tokens
+        starts = _starts(frames * frame_tokens)
         total = _patch_total(torch.stack([pairs, frame_tokens], dim=-1))
         image, within = _places_in_parts(pairs * frame_tokens, total)
         pair, token = within // frame_tokens[image], within % frame_tokens[image]
@@ -1775,7 +1779,7 @@ def _patch_video_llama3_blocks_shrunk_at_once(original):
         image, block = _places_in_parts(blocks.prod(-1), _patch_total(blocks))
         patches = grid_thw.prod(-1)
         merge = merges[image]
-        first = (patches.cumsum(0) - patches)[image] + block * merge * merge
+        first = _starts(patches)[image] + block * merge * merge
         near, far = (merge - 1) // 2, merge // 2
         weight = (merge % 2 == 0).to(hidden_states.dtype)[:, None] / 2  # the source's fraction past `near`
 
@@ -1866,7 +1870,7 @@ def _hunyuan_vl_merged(merger, patches, grid_thw):
     cell_rows, cell_columns = rows // merge, columns // merge
     cells = torch.stack([cell_rows, cell_columns], dim=-1)
     image, cell = _places_in_parts(cells.prod(-1), _patch_total(cells))
-    starts = (rows * columns).cumsum(0) - rows * columns
+    starts = _starts(rows * columns)
     source = starts[image][:, None, None] + _block_patches(
         cell // cell_columns[image], cell % cell_columns[image], columns[image], merge)
     blocks = merger.before_rms(patches)[source]  # (cells, merge, merge, channels)
@@ -1879,7 +1883,7 @@ def _hunyuan_vl_merged(merger, patches, grid_thw):
     layouts = cell_rows * (cell_columns + 1) + 2
     image, slot = _places_in_parts(layouts, _patch_total(layouts[:, None]))
     place, width = slot - 1, cell_columns[image] + 1  # place: within the rows, after the begin token
-    first_cell = (cells.prod(-1).cumsum(0) - cells.prod(-1))[image]
+    first_cell = _starts(cells.prod(-1))[image]
     is_cell = (slot > 0) & (slot < layouts[image] - 1) & (place % width < width - 1)
     picked = torch.where(is_cell, first_cell + place // width * (width - 1) + place % width, projected.shape[0])
     tokens = merger.mlp(rows_of[picked])
@@ -1908,7 +1912,7 @@ def _patch_radio_packed_images_at_once(original):
         side = torch.maximum(heights, widths)[image]
         table = self.position_embedding.reshape(self.max_rows, self.max_cols, -1)
         positions = _resized(table.float(), side, patch // widths[image], side, patch % widths[image], antialias=False)
-        embedded = patches[(counts.cumsum(0) - counts)[image] + patch] + positions.to(patches.dtype)
+        embedded = patches[_starts(counts)[image] + patch] + positions.to(patches.dtype)
         tokens = self.cls_register_token[slot.clamp(max=prefix - 1)]
         return torch.where((slot < prefix)[:, None], tokens, embedded).unsqueeze(0)
 
@@ -1939,7 +1943,7 @@ def _patch_nemotron_h_omni_images_shuffled_at_once(original):
         blocks = image_grid_hw // 2
         image, block = _places_in_parts(blocks.prod(-1), _patch_total(blocks))
         block_columns = blocks[image, 1]
-        first = (heights * widths).cumsum(0) - heights * widths
+        first = _starts(heights * widths)
         source = first[image][:, None, None] + _block_patches(block // block_columns, block % block_columns,
                                                               widths[image], 2)
         projected = self.multi_modal_projector(features[source].flatten(1))

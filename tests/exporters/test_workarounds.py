@@ -1845,7 +1845,6 @@ def test_glm_image_source_grids_and_tokens_of_one_map_are_eagers_image_by_image(
     torch.testing.assert_close(at_once, by_image)
 
 
-
 def test_radio_packed_images_and_nemotron_h_omni_shuffle_at_once_are_eagers_image_by_image():
     from exporters.exporter_dynamo import (
         _patch_nemotron_h_omni_images_shuffled_at_once,
