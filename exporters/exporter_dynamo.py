@@ -532,7 +532,8 @@ def _split_taken_whole(caller):
         ("paddleocr_vl", "PaddleOCRVLModel"), ("lfm3_vl", "Lfm3VlModel"), ("molmo2", "Molmo2Model"),
         ("minimax_m3_vl", "MiniMaxM3VLModel"), ("cosmos3_edge", "Cosmos3EdgeModel"),
         ("ernie4_5_vl_moe", "Ernie4_5_VLMoeModel"), ("video_llama_3", "VideoLlama3Model"),
-        ("inkling2", "Inkling2Model"), ("hunyuan_vl", "HunYuanVLModel"))),
+        ("inkling2", "Inkling2Model"), ("hunyuan_vl", "HunYuanVLModel"), ("qwen2_5_omni", "Qwen2_5OmniThinkerModel"),
+        ("qwen3_omni_moe", "Qwen3OmniMoeThinkerModel"))),
     "transformers.models.lfm3_vl.modeling_lfm3_vl.Lfm3VlVisionModel.forward",  # its grid, to its convolutions
     reports=True,
 )
@@ -2663,6 +2664,70 @@ def _patch_audio_windows_padded(original):
         return torch.nn.functional.pad(sizes.flatten().cumsum(-1), (1, 0)).to(torch.int32)
 
     return get_audio_cu_seqlens
+
+
+def _audio_chunks_on_a_grid(input_features, feature_attention_mask, chunk_width):
+    """Each sample's kept frames, in order, cut into chunks of `chunk_width` on a grid of as many chunks per sample
+    as the padded frames make: `(samples * chunks, bins, chunk_width)`, zeros past a sample's frames, and each
+    chunk's frame count (0 for a chunk past them)."""
+    samples, bins, frames = input_features.shape
+    chunks = (frames + chunk_width - 1) // chunk_width
+    kept = feature_attention_mask != 0
+    # a kept frame's place among its sample's kept frames; dropped frames go to one spare column, cut after
+    place = torch.where(kept, kept.long().cumsum(1) - 1, chunks * chunk_width)
+    grid = input_features.new_zeros(samples, bins, chunks * chunk_width + 1)
+    grid = grid.scatter(2, place[:, None, :].expand(-1, bins, -1), input_features)[..., :-1]
+    grid = grid.view(samples, bins, chunks, chunk_width).transpose(1, 2).reshape(-1, bins, chunk_width)
+    chunk_starts = torch.arange(chunks, device=kept.device) * chunk_width
+    chunk_lengths = (kept.sum(1)[:, None] - chunk_starts).clamp(0, chunk_width).flatten()
+    return grid, chunk_lengths
+
+
+@register_patch(
+    "dynamo",
+    "transformers.models.qwen2_5_omni.modeling_qwen2_5_omni.Qwen2_5OmniThinkerModel.get_audio_features",
+    "transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe.Qwen3OmniMoeThinkerModel.get_audio_features",
+    reports=True,
+)
+def _patch_omni_audio_chunks_on_a_grid(original):
+    """The Qwen Omni thinkers gather every kept audio frame into one row and split it into chunks by sizes read
+    with `.tolist()`: the chunk count is data, and Qwen3-Omni's convolution then walks those chunks in groups. Its
+    audio tower takes the chunks precomputed: laid on a grid of as many per sample as the padded frames make
+    (`_audio_chunks_on_a_grid`), a chunk past a sample's frames holds none, adds no valid position and an empty
+    attention window. The valid positions are then counted on the grid's width, not the longest chunk's."""
+    from transformers.utils.generic import accepts_precomputed_kwargs, can_return_tuple
+
+    module = importlib.import_module(original.__module__)
+    qwen3 = hasattr(module, "_get_feat_extract_output_lengths")
+
+    def lengths_after_convolution(lengths, n_window):
+        if qwen3:  # three stride-2 convolutions per chunk
+            return module._get_feat_extract_output_lengths(lengths, n_window)
+        return (lengths - 1) // 2 + 1
+
+    def get_audio_features(self, input_features, feature_attention_mask=None, audio_feature_lengths=None, **kwargs):
+        if feature_attention_mask is None or "padded_feature" in kwargs:
+            return inspect.unwrap(original)(self, input_features, feature_attention_mask, audio_feature_lengths,
+                                            **kwargs)
+        report_applied()
+        n_window = self.audio_tower.n_window
+        padded_feature, chunk_lengths = _audio_chunks_on_a_grid(input_features, feature_attention_mask, 2 * n_window)
+        width = 2 * n_window
+        for _ in range(3 if qwen3 else 1):
+            width = (width - 1) // 2 + 1
+        positions = torch.arange(width, device=chunk_lengths.device)
+        valid = positions < lengths_after_convolution(chunk_lengths, n_window)[:, None]
+        feature_lens = feature_attention_mask.sum(1)
+        if not qwen3:  # Qwen2.5-Omni averages each sample's positions in pairs; eager slices `[:-1]` of the batch
+            positions = lengths_after_convolution(feature_lens, n_window)
+            pairs = (positions - 2) // 2 + 1
+            sample, pair = _places_in_parts(pairs, pairs.sum().item())
+            kwargs["pool_indices"] = _starts(positions)[sample] + 2 * pair
+        return self.audio_tower(
+            None, feature_lens=feature_lens, padded_feature=padded_feature, chunk_lengths=chunk_lengths,
+            valid_indices=valid.flatten().nonzero().squeeze(-1), return_dict=True, **kwargs)
+
+    return accepts_precomputed_kwargs(modality="audio")(can_return_tuple(get_audio_features))
 
 
 _PHI4_AUDIO = "transformers.models.phi4_multimodal.modeling_phi4_multimodal"

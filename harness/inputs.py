@@ -997,20 +997,21 @@ def _vision_precomputed(model, inputs: dict) -> None:
     the model's own) take the result precomputed under a kwarg, as a runner computes it beside the processor: one
     eager call records what the model computes for these inputs, and the inputs feed it. Not a helper called twice
     (a tower run on images and on videos). A composite model hands its kwargs to both halves, and text layers would
-    take `cu_seqlens` for packed sequences: a name its language model reads too is fed under the ``image_`` prefix
-    its image features strip, or not at all."""
+    take `cu_seqlens` for packed sequences: a name its language model reads too is fed under the prefix of the
+    helper's modality (``image_``, ``audio_``), which only that modality's features strip, or not at all."""
     if not any(p.kind is p.VAR_KEYWORD for p in inspect.signature(model.forward).parameters.values()):
         return
     helpers = _vision_helpers(model)
     if not helpers:
         return
     tower_alone = not any(getattr(model.config, part, None) is not None for part in ("text_config", "vision_config"))
-    shared_prefix = "" if tower_alone else "image_" if _image_features_take_prefixed_kwargs(model) else None
     calls: dict[Callable, list] = {helper: [] for helper in helpers}
     with _recording(helpers, calls), torch.no_grad():
         model(**inputs)
     for helper, results in calls.items():
         keys = helpers[helper][1]
+        modality = "audio" if helper.__name__.startswith("get_audio_") else "image"
+        shared_prefix = "" if tower_alone else f"{modality}_" if _features_take_prefixed_kwargs(model, modality) else None
         if shared_prefix is None and any(key in _TEXT_KWARGS for key in keys):
             continue
         keys = tuple(shared_prefix + key if key in _TEXT_KWARGS else key for key in keys)
@@ -1021,16 +1022,16 @@ def _vision_precomputed(model, inputs: dict) -> None:
             inputs.update(zip(keys, values))
 
 
-def _image_features_take_prefixed_kwargs(model) -> bool:
-    """Whether the model's `get_image_features` takes precomputed tower kwargs under an ``image_`` prefix
+def _features_take_prefixed_kwargs(model, modality: str) -> bool:
+    """Whether the model's `get_<modality>_features` takes precomputed tower kwargs under a ``<modality>_`` prefix
     (transformers' `accepts_precomputed_kwargs`), so that the language model, handed the same kwargs, ignores them."""
     from transformers.utils.generic import accepts_precomputed_kwargs
 
     for module in model.modules():
-        method = getattr(type(module), "get_image_features", None)
+        method = getattr(type(module), f"get_{modality}_features", None)
         code = getattr(method, "__code__", None)
         if code is not None and code.co_qualname.startswith(accepts_precomputed_kwargs.__qualname__ + "."):
-            return inspect.getclosurevars(method).nonlocals.get("prefix") == "image_"
+            return inspect.getclosurevars(method).nonlocals.get("prefix") == f"{modality}_"
     return False
 
 
@@ -1052,7 +1053,8 @@ def _vision_helpers(model) -> dict[Callable, tuple[list, tuple[str, ...]]]:
     if not any(functions(module) for module in modules):
         return {}
     helpers: dict[Callable, tuple[list, tuple[str, ...]]] = {}
-    for module in modules | {vision_utils}:  # its helpers call one another
+    # its helpers call one another; a set's order changes with the process's hash seed
+    for module in sorted(modules | {vision_utils}, key=lambda module: module.__name__):
         for name, function in functions(module):
             if function not in helpers:
                 keys = tuple(_POPPED_KWARG.findall(inspect.getsource(function)))

@@ -603,6 +603,8 @@ DYNAMIC_CELL_CASES = [  # (model class, backend, {workaround: (stage, message) o
     # walks its list of series one by one
     ("TimesFmModelForPrediction", "dynamo",
      {"_patch_timesfm_series_as_one_batch": ("dynamic-axes", "past_values axis 0 = 2 (second set: 3)")}),
+    # splits its kept audio frames into chunks by sizes read with `.tolist()`
+    ("Qwen2_5OmniThinkerModel", "dynamo", {"_patch_omni_audio_chunks_on_a_grid": ("torch-export", "data-dependent")}),
 ]  # fmt: skip
 
 
@@ -1883,3 +1885,24 @@ def test_timesfm_series_as_one_batch_forecast_like_eager_series_by_series(name):
         assert at_once.keys() == by_series.keys()
         for output in by_series:
             torch.testing.assert_close(at_once[output], by_series[output], msg=f"{length}: {output}")
+
+
+@pytest.mark.parametrize("name", ["Qwen2_5OmniThinkerModel", "Qwen3OmniMoeThinkerModel"])
+def test_omni_audio_chunks_on_a_grid_are_eagers_chunks(name):
+    from exporters.exporter_dynamo import _patch_omni_audio_chunks_on_a_grid, segmented_attention
+
+    model = _built_by_the_sweep(name).model
+    tower = model.audio_tower
+    width = 2 * tower.n_window
+    frames = 3 * width - 5  # the last chunk of a full sample is short
+    kept = torch.arange(frames)[None] < torch.tensor([frames, width + 3, width, 7])[:, None]
+    holed = torch.arange(frames) % 3 != 1  # a mask that keeps frames past dropped ones
+    masks = torch.cat([kept, holed[None]]).long()
+    features = torch.randn(len(masks), tower.num_mel_bins, frames)
+    features.transpose(1, 2)[masks == 0] = float("nan")  # dropped frames must not reach the chunks
+    original = type(model).get_audio_features
+    with torch.no_grad():
+        chunk_by_chunk = original(model, features, masks)
+        with segmented_attention(model, set()):  # as exported: a chunk past a sample's frames attends to nothing
+            on_a_grid = _patch_omni_audio_chunks_on_a_grid(original)(model, features, masks)
+    torch.testing.assert_close(on_a_grid.last_hidden_state, chunk_by_chunk.last_hidden_state)

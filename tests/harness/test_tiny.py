@@ -326,6 +326,8 @@ def test_multimodal_rotary_positions_are_fed_as_the_model_computes_them(name):
     # its language model reads `cu_seqlens` and `position_ids` too: those go under the prefix its image features strip
     ("Qwen2_5_VLModel", {"window_index", "cu_window_seqlens", "image_cu_seqlens", "image_position_ids"}),
     ("Qwen3ASREncoder", {"cu_seqlens"}),  # its attention windows over the frames the mask leaves
+    # image and audio boundaries, each under the prefix its own features strip
+    ("Qwen3OmniMoeThinkerModel", {"image_cu_seqlens", "audio_cu_seqlens", "image_position_ids"}),
 ])
 def test_vision_grid_helpers_are_fed_as_the_model_computes_them(name, precomputed):
     context = ClassContext(select(name)[0]).prepare()
