@@ -2730,6 +2730,34 @@ def _patch_omni_audio_chunks_on_a_grid(original):
     return accepts_precomputed_kwargs(modality="audio")(can_return_tuple(get_audio_features))
 
 
+@register_patch(
+    "dynamo",
+    "transformers.models.sam3.modeling_sam3.Sam3DetrDecoder.forward",
+    "transformers.models.sam3_lite_text.modeling_sam3_lite_text.Sam3LiteTextDetrDecoder.forward",
+    reports=True,
+)
+def _patch_sam3_box_bias_on_the_token_grid(original):
+    """SAM 3's DETR decoder lays each query's box bias over the vision tokens on a grid whose height and width it
+    reads back from the `spatial_shapes` tensor, once per layer: values read from data, whose product the trace
+    cannot match to the token count the bias is added to. Read once, checked against that count, and handed to
+    the bias as sizes."""
+
+    def forward(self, vision_features, *args, spatial_shapes=None, **kwargs):
+        if not isinstance(spatial_shapes, torch.Tensor) or spatial_shapes.shape[0] != 1:
+            return original(self, vision_features, *args, spatial_shapes=spatial_shapes, **kwargs)
+        report_applied()
+        height, width = spatial_shapes[0].tolist()
+        torch._check(height * width == vision_features.shape[1])
+        box_bias = type(self)._get_rpb_matrix
+        self._get_rpb_matrix = lambda boxes, _grid: box_bias(self, boxes, (height, width))
+        try:
+            return original(self, vision_features, *args, spatial_shapes=spatial_shapes, **kwargs)
+        finally:
+            del self._get_rpb_matrix
+
+    return forward
+
+
 _PHI4_AUDIO = "transformers.models.phi4_multimodal.modeling_phi4_multimodal"
 
 

@@ -605,6 +605,8 @@ DYNAMIC_CELL_CASES = [  # (model class, backend, {workaround: (stage, message) o
      {"_patch_timesfm_series_as_one_batch": ("dynamic-axes", "past_values axis 0 = 2 (second set: 3)")}),
     # splits its kept audio frames into chunks by sizes read with `.tolist()`
     ("Qwen2_5OmniThinkerModel", "dynamo", {"_patch_omni_audio_chunks_on_a_grid": ("torch-export", "data-dependent")}),
+    # reads its token grid's height and width back from a tensor in every decoder layer
+    ("Sam3LiteTextModel", "dynamo", {"_patch_sam3_box_bias_on_the_token_grid": ("torch-export", "data-dependent")}),
 ]  # fmt: skip
 
 
