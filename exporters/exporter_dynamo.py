@@ -282,12 +282,13 @@ def _patch_experts_batched_mm(original):
     "dynamo",
     *(f"transformers.models.{name}.modeling_{name}.len"
       for name in ("rt_detr", "rt_detr_v2", "d_fine", "deimv2", "pp_doclayout_v2", "pp_doclayout_v3", "depth_pro",
-                   "clipseg", "qwen2_5_omni", "radio")),
+                   "clipseg", "qwen2_5_omni", "radio", "omdet_turbo")),
     reports=True,
 )
 def _patch_len_of_tensor_symbolic(original):
-    """RT-DETR and the detectors built on its code read their batch size as `len(source_flatten)`, DepthPro counts
-    its patches per scale so, CLIPSeg its prompts, Qwen2.5-Omni's vocoder its utterances, RADIO its packed images.
+    """RT-DETR and the detectors built on its code (OmDet-Turbo's decoder too) read their batch size as
+    `len(source_flatten)`, DepthPro counts its patches per scale so, CLIPSeg its prompts, Qwen2.5-Omni's vocoder its
+    utterances, RADIO its packed images.
     Python's `len` must answer an int, so a dynamic batch is fixed to the traced one; in these modules the length of
     a tensor is its first size, which stays symbolic."""
 
@@ -2403,18 +2404,26 @@ def _patch_identity_frames_uncached(original):
 _OMDET = "transformers.models.omdet_turbo.modeling_omdet_turbo"
 
 
-@register_patch("dynamo", f"{_OMDET}.OmDetTurboLRUCache.has", f"{_OMDET}.OmDetTurboLRUCache.put",
-                f"{_OMDET}.OmDetTurboForObjectDetection._get_cache_key_at_index")
-def _patch_prompt_cache_bypassed(original):
-    """OmDet-Turbo caches the text features of every prompt it has seen, keyed by the prompt's token ids read as
-    Python numbers: a key export cannot read, and a hit would bake eager's features into the program. A traced
-    forward encodes every prompt, and keeps nothing."""
-    replacements = {
-        "has": lambda self, key: False,
-        "put": lambda self, key, value: None,
-        "_get_cache_key_at_index": lambda input_ids, attention_mask, index: index,  # read by nobody now
-    }
-    return replacements[original.__name__]
+@register_patch("dynamo", f"{_OMDET}.OmDetTurboForObjectDetection.get_language_embedding", reports=True)
+def _patch_omdet_prompts_encoded_at_once(original):
+    """OmDet-Turbo encodes its class and task prompts one by one, to look each up in a cache keyed by its token ids
+    read as Python numbers (a key export cannot read; a hit would bake eager's features into the program), then
+    pads each sample's classes to the most any sample has, sample by sample: the prompt and sample counts were
+    fixed. Every prompt encoded at once, nothing cached, and each sample's classes gathered from where they start
+    (zeros past its count): the same features."""
+
+    def get_language_embedding(self, classes_input_ids, classes_attention_mask, tasks_input_ids, tasks_attention_mask,
+                               classes_structure):
+        report_applied()
+        classes = self.language_backbone(classes_input_ids, encode_type="class")
+        tasks, task_mask = self.language_backbone(tasks_input_ids, mask=tasks_attention_mask, encode_type="task")
+        slots = torch.arange(classes_structure.max().item(), device=classes.device)[:, None]  # (slot, sample)
+        inside = slots < classes_structure[None]
+        rows = (_starts(classes_structure)[None] + slots).clamp(max=classes.shape[0] - 1)
+        class_embeddings = torch.where(inside[..., None], classes[rows], 0.0)
+        return class_embeddings.to(self.device), tasks.to(self.device), task_mask.to(self.device)
+
+    return get_language_embedding
 
 
 @register_patch("dynamo", "transformers.models.fastspeech2_conformer.modeling_fastspeech2_conformer.length_regulator")

@@ -436,7 +436,7 @@ CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaroun
     # a padding bucket picked by .item(); its bucket cache, hashed by seeded rotations, is an output
     ("ReformerModelWithLMHead", "dynamo", "_patch_reformer_padding_bucket_as_tensors", "data-dependent"),
     # prompt features cached by their token ids, read as numbers
-    ("OmDetTurboForObjectDetection", "dynamo", "_patch_prompt_cache_bypassed", "data-dependent"),
+    ("OmDetTurboForObjectDetection", "dynamo", "_patch_omdet_prompts_encoded_at_once", "data-dependent"),
     # patches gathered in a random order, the padding drawn at random, positions resized to each image's extent
     ("ViltForQuestionAnswering", "dynamo", "_patch_vilt_patches_in_place", "data-dependent"),
     # its sparse-attention indexer lists each query's keys with nonzero
@@ -607,6 +607,10 @@ DYNAMIC_CELL_CASES = [  # (model class, backend, {workaround: (stage, message) o
     ("Qwen2_5OmniThinkerModel", "dynamo", {"_patch_omni_audio_chunks_on_a_grid": ("torch-export", "data-dependent")}),
     # reads its token grid's height and width back from a tensor in every decoder layer
     ("Sam3LiteTextModel", "dynamo", {"_patch_sam3_box_bias_on_the_token_grid": ("torch-export", "data-dependent")}),
+    # encodes its prompts one by one and reads its batch as `len(...)`
+    ("OmDetTurboForObjectDetection", "dynamo",
+     {"_patch_omdet_prompts_encoded_at_once": ("torch-export", "data-dependent"),
+      "_patch_len_of_tensor_symbolic": ("dynamic-axes", "pixel_values axis 0 = 2 (second set: 3)")}),
 ]  # fmt: skip
 
 
@@ -951,6 +955,24 @@ def test_omdet_turbo_program_encodes_the_prompts_it_is_given_not_those_eager_cac
     got = exported(**other_classes)["decoder_class_logits"]
     assert not torch.allclose(got, context.expected["A"]["decoder_class_logits"]), "other classes, other scores"
     torch.testing.assert_close(got, expected.decoder_class_logits, atol=1e-4, rtol=1e-4)
+
+
+def test_omdet_turbo_prompts_encoded_at_once_are_eagers_per_sample_classes():
+    from exporters.exporter_dynamo import _patch_omdet_prompts_encoded_at_once
+
+    context = _built_by_the_sweep("OmDetTurboForObjectDetection")
+    model, inputs = context.model, context.inputs["A"]
+    classes_structure = torch.tensor([3, 1, 2])  # samples with more classes than others: padded with zeros
+    classes_input_ids = torch.randint(1, 90, (6, inputs["classes_input_ids"].shape[1]))
+    prompts = (classes_input_ids, torch.ones_like(classes_input_ids), inputs["tasks_input_ids"][[0, 1, 0]],
+               inputs["tasks_attention_mask"][[0, 1, 0]], classes_structure)
+    original = type(model).get_language_embedding
+    with torch.no_grad():
+        one_by_one = original(model, *prompts)
+        at_once = _patch_omdet_prompts_encoded_at_once(original)(model, *prompts)
+    assert one_by_one[0].shape == (3, 3, model.config.class_embed_dim)
+    for got, expected in zip(at_once, one_by_one, strict=True):
+        torch.testing.assert_close(got, expected)
 
 
 def test_esmfold_traces_with_a_symbolic_batch_once_its_identity_frames_are_made_afresh():
