@@ -2439,17 +2439,43 @@ def _patch_length_regulator_gathered(original):
             duration_labels = torch.round(duration_labels.float() * speaking_speed).long()
         silent_rows = duration_labels.sum(dim=1, keepdim=True).eq(0) & duration_labels.sum().eq(0)
         duration_labels = torch.where(silent_rows, torch.ones_like(duration_labels), duration_labels)
-        ends = duration_labels.cumsum(dim=1)
-        longest = ends[:, -1].max().item()
-        torch._check(longest > 1, lambda: "the longest row is a single frame")  # broadcasts stay unambiguous
-        frames = torch.arange(longest, device=ends.device)
-        phoneme = (frames[None, :, None] >= ends[:, None, :]).sum(dim=-1)
-        phoneme = phoneme.clamp(max=encoded_embeddings.size(1) - 1)[..., None]
-        phoneme = phoneme.expand(-1, -1, encoded_embeddings.size(2))
-        inside = (frames[None, :] < ends[:, -1:])[..., None]
-        return torch.gather(encoded_embeddings, 1, phoneme).float() * inside
+        return _repeated_by_durations(encoded_embeddings, duration_labels).float()
 
     return length_regulator
+
+
+def _repeated_by_durations(features: torch.Tensor, durations: torch.Tensor) -> torch.Tensor:
+    """Each row's features `(batch, steps, channels)` repeated for their durations `(batch, steps)`, the rows padded
+    with zeros to the longest, gathered at once: frame f of a row takes the step whose cumulative duration first
+    exceeds f."""
+    ends = durations.cumsum(dim=1)
+    longest = ends[:, -1].max().item()
+    torch._check(longest > 1, lambda: "the longest row is a single frame")  # broadcasts stay unambiguous
+    frames = torch.arange(longest, device=ends.device)
+    step = (frames[None, :, None] >= ends[:, None, :]).sum(dim=-1)
+    step = step.clamp(max=features.size(1) - 1)[..., None].expand(-1, -1, features.size(2))
+    inside = (frames[None, :] < ends[:, -1:])[..., None]
+    return torch.where(inside, torch.gather(features, 1, step), 0)
+
+
+@register_patch("dynamo", "transformers.models.seamless_m4t.modeling_seamless_m4t.SeamlessM4TCodeHifiGan.forward")
+def _patch_seamless_m4t_units_repeated_at_once(original):
+    """SeamlessM4T's vocoder repeats each sample's units for their predicted durations sample by sample, in a
+    Python loop over the batch (one sample takes another branch): the batch was fixed. Every sample's units
+    repeated at once (`_repeated_by_durations`), padded as eager pads them; the rest is eager's."""
+
+    def forward(self, input_ids, spkr_id, lang_id, **kwargs):
+        units = self.unit_embedding(input_ids)
+        durations = torch.clamp(torch.round(torch.expm1(self.dur_predictor(units))).long(), min=1)
+        hidden_states = _repeated_by_durations(units, durations).transpose(1, 2)
+        frames = hidden_states.shape[-1]
+        speaker = self.speaker_embedding(spkr_id).transpose(1, 2).repeat(1, 1, frames)
+        language = self.language_embedding(lang_id).transpose(1, 2).repeat(1, 1, frames)
+        hidden_states = self.hifi_gan(torch.cat([language, hidden_states, speaker], dim=1))
+        lengths = self._get_output_hifigan_lengths(self._get_dur_output_lengths(input_ids, durations))
+        return hidden_states, lengths
+
+    return forward
 
 
 @register_patch(

@@ -607,6 +607,9 @@ DYNAMIC_CELL_CASES = [  # (model class, backend, {workaround: (stage, message) o
     ("Qwen2_5OmniThinkerModel", "dynamo", {"_patch_omni_audio_chunks_on_a_grid": ("torch-export", "data-dependent")}),
     # reads its token grid's height and width back from a tensor in every decoder layer
     ("Sam3LiteTextModel", "dynamo", {"_patch_sam3_box_bias_on_the_token_grid": ("torch-export", "data-dependent")}),
+    # repeats each sample's units for their durations in a loop over the batch
+    ("SeamlessM4TCodeHifiGan", "dynamo",
+     {"_patch_seamless_m4t_units_repeated_at_once": ("dynamic-axes", "input_ids axis 0 = 2 (second set: 3)")}),
     # encodes its prompts one by one and reads its batch as `len(...)`
     ("OmDetTurboForObjectDetection", "dynamo",
      {"_patch_omdet_prompts_encoded_at_once": ("torch-export", "data-dependent"),
@@ -1117,6 +1120,24 @@ def test_the_gathered_length_regulator_repeats_like_the_loop():
     for durations in ([[1, 0, 2, 3], [0, 0, 0, 0], [2, 2, 1, 0]], [[0, 0, 0, 0]] * 3, [[3, 1, 0, 2]] * 3):
         durations = torch.tensor(durations)  # the loop sets the durations of silent rows in place
         assert torch.equal(gathered(embeddings, durations.clone()), fastspeech2.length_regulator(embeddings, durations))
+
+
+def test_seamless_m4t_vocoder_units_repeated_at_once_are_eagers_sample_by_sample():
+    from exporters.exporter_dynamo import _patch_seamless_m4t_units_repeated_at_once
+
+    context = _built_by_the_sweep("SeamlessM4TCodeHifiGan")
+    model, inputs = context.model, context.inputs["A"]
+    model.dur_predictor.proj.weight.data *= 10  # units of 1 to a few frames: rows of unequal lengths, padded
+    original = type(model).forward
+    at_once = _patch_seamless_m4t_units_repeated_at_once(original)
+    generator = torch.Generator().manual_seed(0)
+    for batch, length in ((1, 6), (2, 4), (3, 9)):  # one sample takes eager's other branch
+        units = torch.randint(4, model.config.unit_hifi_gan_vocab_size, (batch, length), generator=generator)
+        speakers, languages = inputs["spkr_id"][:1].expand(batch, -1), inputs["lang_id"][:1].expand(batch, -1)
+        with torch.no_grad():
+            expected, got = (forward(model, units, speakers, languages) for forward in (original, at_once))
+        for value, reference in zip(got, expected, strict=True):
+            torch.testing.assert_close(value, reference)
 
 
 @pytest.mark.parametrize("name, workaround, vary", [
