@@ -2417,7 +2417,10 @@ def _patch_omdet_prompts_encoded_at_once(original):
         report_applied()
         classes = self.language_backbone(classes_input_ids, encode_type="class")
         tasks, task_mask = self.language_backbone(tasks_input_ids, mask=tasks_attention_mask, encode_type="task")
-        slots = torch.arange(classes_structure.max().item(), device=classes.device)[:, None]  # (slot, sample)
+        most = classes_structure.max().item()
+        torch._check(most >= 0)  # bounds ExecuTorch plans the features for
+        torch._check(most <= classes.shape[0])
+        slots = torch.arange(most, device=classes.device)[:, None]  # (slot, sample)
         inside = slots < classes_structure[None]
         rows = (_starts(classes_structure)[None] + slots).clamp(max=classes.shape[0] - 1)
         class_embeddings = torch.where(inside[..., None], classes[rows], 0.0)
