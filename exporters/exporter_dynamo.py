@@ -2736,10 +2736,11 @@ def _patch_omni_audio_chunks_on_a_grid(original):
     from transformers.utils.generic import accepts_precomputed_kwargs, can_return_tuple
 
     module = importlib.import_module(original.__module__)
-    qwen3 = hasattr(module, "_get_feat_extract_output_lengths")
+    qwen3 = original.__module__.endswith(".modeling_qwen3_omni_moe")
+    convolutions = 3 if qwen3 else 1  # of stride 2, over each chunk
 
     def lengths_after_convolution(lengths, n_window):
-        if qwen3:  # three stride-2 convolutions per chunk
+        if qwen3:
             return module._get_feat_extract_output_lengths(lengths, n_window)
         return (lengths - 1) // 2 + 1
 
@@ -2749,18 +2750,19 @@ def _patch_omni_audio_chunks_on_a_grid(original):
                                             **kwargs)
         report_applied()
         n_window = self.audio_tower.n_window
-        padded_feature, chunk_lengths = _audio_chunks_on_a_grid(input_features, feature_attention_mask, 2 * n_window)
-        width = 2 * n_window
-        for _ in range(3 if qwen3 else 1):
+        chunk_width = 2 * n_window
+        padded_feature, chunk_lengths = _audio_chunks_on_a_grid(input_features, feature_attention_mask, chunk_width)
+        width = chunk_width
+        for _ in range(convolutions):
             width = (width - 1) // 2 + 1
         positions = torch.arange(width, device=chunk_lengths.device)
         valid = positions < lengths_after_convolution(chunk_lengths, n_window)[:, None]
         feature_lens = feature_attention_mask.sum(1)
         if not qwen3:  # Qwen2.5-Omni averages each sample's positions in pairs; eager slices `[:-1]` of the batch
-            positions = lengths_after_convolution(feature_lens, n_window)
-            pairs = (positions - 2) // 2 + 1
+            sample_positions = lengths_after_convolution(feature_lens, n_window)
+            pairs = (sample_positions - 2) // 2 + 1
             sample, pair = _places_in_parts(pairs, pairs.sum().item())
-            kwargs["pool_indices"] = _starts(positions)[sample] + 2 * pair
+            kwargs["pool_indices"] = _starts(sample_positions)[sample] + 2 * pair
         return self.audio_tower(
             None, feature_lens=feature_lens, padded_feature=padded_feature, chunk_lengths=chunk_lengths,
             valid_indices=valid.flatten().nonzero().squeeze(-1), return_dict=True, **kwargs)

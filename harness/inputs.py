@@ -1011,7 +1011,8 @@ def _vision_precomputed(model, inputs: dict) -> None:
     for helper, results in calls.items():
         keys = helpers[helper][1]
         modality = "audio" if helper.__name__.startswith("get_audio_") else "image"
-        shared_prefix = "" if tower_alone else f"{modality}_" if _features_take_prefixed_kwargs(model, modality) else None
+        prefixed = _features_take_prefixed_kwargs(model, modality)
+        shared_prefix = "" if tower_alone else f"{modality}_" if prefixed else None
         if shared_prefix is None and any(key in _TEXT_KWARGS for key in keys):
             continue
         keys = tuple(shared_prefix + key if key in _TEXT_KWARGS else key for key in keys)
