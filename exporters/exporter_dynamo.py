@@ -2788,6 +2788,9 @@ def _patch_sam3_box_bias_on_the_token_grid(original):
         report_applied()
         height, width = spatial_shapes[0].tolist()
         torch._check(height * width == vision_features.shape[1])
+        for side in (height, width):  # bounds ExecuTorch plans the bias for
+            torch._check(side >= 1)
+            torch._check(side <= vision_features.shape[1])
         box_bias = type(self)._get_rpb_matrix
         self._get_rpb_matrix = lambda boxes, _grid: box_bias(self, boxes, (height, width))
         try:
