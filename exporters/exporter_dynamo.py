@@ -2752,7 +2752,7 @@ def _patch_omni_audio_chunks_on_a_grid(original):
         n_window = self.audio_tower.n_window
         chunk_width = 2 * n_window
         padded_feature, chunk_lengths = _audio_chunks_on_a_grid(input_features, feature_attention_mask, chunk_width)
-        width = chunk_width
+        width = chunk_width  # not Qwen3's length formula: it counts 13 per whole chunk whatever the window
         for _ in range(convolutions):
             width = (width - 1) // 2 + 1
         positions = torch.arange(width, device=chunk_lengths.device)
