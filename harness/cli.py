@@ -225,8 +225,9 @@ def cmd_show(args) -> int:
         print(f"  [{mark}] {stage.name:<20} {stage.seconds:8.2f} s  {stage.status}")
         if stage.message and stage.status != "pass":
             print("       " + stage.message.splitlines()[0][:300])
-    if record.max_abs_diff is not None:
-        print(f"  parity: max abs {record.max_abs_diff:.3g}, max rel {record.max_rel_diff:.3g} (atol {record.atol:g}, rtol {record.rtol:g})")
+    if record.max_abs_diff is not None:  # a generation cell compares logits but keeps no relative difference
+        relative = "" if record.max_rel_diff is None else f", max rel {record.max_rel_diff:.3g}"
+        print(f"  parity: max abs {record.max_abs_diff:.3g}{relative} (atol {record.atol:g}, rtol {record.rtol:g})")
     if record.applied:
         print(f"  workarounds applied: {', '.join(record.applied)}")
     if record.registry:

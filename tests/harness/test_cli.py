@@ -64,6 +64,17 @@ def test_show_prints_the_stages_and_a_repro_command(tmp_path):
     assert missing.returncode == 2 and "no cell 'BertModel-onnx-dynamc'" in missing.stderr
 
 
+def test_show_prints_a_generation_cell(tmp_path):
+    out = tmp_path / "run"
+    ran = export_sweep("run", "--models", "LlamaForCausalLM", "--backends", "dynamo", "--shapes", "generate",
+                       "--out", str(out), "--no-cache", "--no-report", timeout=600)  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    shown = export_sweep("show", str(out), "LlamaForCausalLM-dynamo-generate", timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "LlamaForCausalLM-dynamo-generate: pass at parity" in shown.stdout
+    assert "parity: max abs" in shown.stdout and "max rel" not in shown.stdout
+
+
 def test_shards_merge_into_one_run(tmp_path):
     runs = []
     for index in (1, 2):
