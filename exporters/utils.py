@@ -209,6 +209,19 @@ def registered_patches(backend: str) -> list[Patch]:
     return list(_PATCHES[check_backend(backend)])
 
 
+def import_patch_targets() -> None:
+    """Import the modules every registered patch installs into, without installing anything: a process that forks
+    one child per model class does it once, instead of every child's first export (about a thousand modules). A path
+    that fails here is left for the export that installs it to report, in its own stage."""
+    for patches in _PATCHES.values():
+        for patch in patches:
+            for path in patch.paths:
+                try:
+                    resolve_path(path)
+                except Exception:  # any import error is the export's to report
+                    pass
+
+
 def resolve_path(path: str) -> tuple[Any, str]:
     """Import the longest module prefix of ``path`` and walk the rest: returns ``(owner, attribute)``."""
     parts = path.split(".")

@@ -54,6 +54,9 @@ def warm_imports(backends) -> None:
         from executorch.backends.xnnpack.partition import xnnpack_partitioner  # noqa: F401
 
         import exporters.exporter_executorch  # noqa: F401
+    from exporters.utils import import_patch_targets
+
+    import_patch_targets()  # of the exporters imported above
 
 
 def _signal_name(number: int) -> str:

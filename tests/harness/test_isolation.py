@@ -157,3 +157,23 @@ def test_axis_the_export_fixed_fails_the_dynamic_cell_by_name(tmp_path):
     record = _bert_cell_with_layer_norm_patch("dynamic", _patch_fix_batch)
     assert (record.status, record.stage) == ("fail", "dynamic-axes")
     assert "input_ids axis 0 = 2 (second set: 3)" in record.message
+
+
+def test_a_forked_child_installs_every_patch_without_importing_a_module():
+    """The parent imports every patch's module before it forks: no child's first export pays for them again."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\n"
+        "from harness.workers import warm_imports\n"
+        "warm_imports(['dynamo'])\n"
+        "from exporters.utils import apply_patches\n"
+        "before = set(sys.modules)\n"
+        "with apply_patches('dynamo'):\n"
+        "    pass\n"
+        "print(sorted(set(sys.modules) - before))\n"
+    )
+    ran = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip().splitlines()[-1] == "[]"
