@@ -3,6 +3,8 @@ and the class' next cell runs in a fresh worker. The faults are real: a patch in
 dereferences NULL, sleeps, or allocates, inside the forked child."""
 
 import ctypes
+import subprocess
+import sys
 import time
 
 import pytest
@@ -161,9 +163,6 @@ def test_axis_the_export_fixed_fails_the_dynamic_cell_by_name(tmp_path):
 
 def test_a_forked_child_installs_every_patch_without_importing_a_module():
     """The parent imports every patch's module before it forks: no child's first export pays for them again."""
-    import subprocess
-    import sys
-
     probe = (
         "import sys\n"
         "from harness.workers import warm_imports\n"
