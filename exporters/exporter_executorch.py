@@ -157,6 +157,22 @@ def prepare_for_xnnpack(model):
     return [XnnpackPartitioner()]
 
 
+def warm_up_xnnpack() -> None:
+    """Build now what XNNPACK's lowering builds on first use and keeps for the process's life: reference SDPA and
+    bilinear-upsampling graphs, traced and lowered (about 3 s), to match patterns against. A sweep calls this in its
+    parent, so no forked child pays it again. On one intra-op thread: children forked after an OpenMP pool has
+    started hang in their first parallel op."""
+    from executorch.backends.xnnpack.partition.graphs import bilinear_2d, sdpa
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        bilinear_2d.get_graphs()
+        sdpa.get_graphs()
+    finally:
+        torch.set_num_threads(threads)
+
+
 @register_executorch_backend("portable")
 def prepare_for_portable(model):
     """Portable: ExecuTorch's reference kernels only, no delegate."""

@@ -1,5 +1,6 @@
-"""Warm, isolated workers: the parent imports torch, transformers and the backends once and runs no torch op; each
-model class gets a forked child that builds the model once and runs that class' cells one after another.
+"""Warm, isolated workers: the parent imports torch, transformers and the backends once, and builds what a backend
+would otherwise build in every child (on one thread: see ``warm_up_xnnpack``); each model class gets a forked
+child that builds the model once and runs that class' cells one after another.
 
 A child that crashes (segfault, abort), runs past the cell timeout or grows past the memory cap is killed by the
 parent, which records the cell as ``crash``, ``timeout`` or ``oom`` at the stage it was in and goes on with a
@@ -34,7 +35,7 @@ class WorkerOptions:
 
 
 def warm_imports(backends) -> None:
-    """Import what every child needs, once, in the parent (no torch op runs here)."""
+    """Import what every child needs, once, in the parent, and build what every child's lowering would."""
     import torch  # noqa: F401
     import transformers  # noqa: F401
 
@@ -53,7 +54,9 @@ def warm_imports(backends) -> None:
         import executorch.runtime  # noqa: F401
         from executorch.backends.xnnpack.partition import xnnpack_partitioner  # noqa: F401
 
-        import exporters.exporter_executorch  # noqa: F401
+        from exporters.exporter_executorch import warm_up_xnnpack
+
+        warm_up_xnnpack()
     from exporters.utils import import_patch_targets
 
     import_patch_targets()  # of the exporters imported above

@@ -176,3 +176,33 @@ def test_a_forked_child_installs_every_patch_without_importing_a_module():
     ran = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_forked_child_finds_xnnpack_graphs_built_and_runs_parallel_ops():
+    """The parent builds XNNPACK's reference graphs once; a child forked after that still runs on two threads (a
+    parent's OpenMP pool would hang it)."""
+    probe = (
+        "import os, time, torch\n"
+        "from harness.workers import warm_imports\n"
+        "warm_imports(['executorch'])\n"
+        "from executorch.backends.xnnpack.partition.graphs import bilinear_2d, sdpa\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    torch.set_num_threads(2)\n"
+        "    torch.nn.functional.gelu(torch.randn(2000, 2000)).sum()\n"
+        "    built = sdpa.get_graphs.cache_info().currsize, bilinear_2d._get_bilinear_2d_graphs.cache_info().currsize\n"
+        "    os._exit(0 if built == (1, 1) else 3)\n"
+        "deadline = time.monotonic() + 60\n"
+        "while time.monotonic() < deadline:\n"
+        "    done, status = os.waitpid(pid, os.WNOHANG)\n"
+        "    if done:\n"
+        "        print('child exit', os.waitstatus_to_exitcode(status))\n"
+        "        break\n"
+        "    time.sleep(0.2)\n"
+        "else:\n"
+        "    os.kill(pid, 9)\n"
+        "    print('child hung')\n"
+    )
+    ran = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip().splitlines()[-1] == "child exit 0"
