@@ -161,6 +161,13 @@ def test_axis_the_export_fixed_fails_the_dynamic_cell_by_name(tmp_path):
     assert "input_ids axis 0 = 2 (second set: 3)" in record.message
 
 
+def _last_line_printed(probe: str) -> str:
+    """Run ``probe`` in a fresh Python, which must succeed; the last line it printed."""
+    ran = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr
+    return ran.stdout.strip().splitlines()[-1]
+
+
 def test_a_forked_child_installs_every_patch_without_importing_a_module():
     """The parent imports every patch's module before it forks: no child's first export pays for them again."""
     probe = (
@@ -173,9 +180,7 @@ def test_a_forked_child_installs_every_patch_without_importing_a_module():
         "    pass\n"
         "print(sorted(set(sys.modules) - before))\n"
     )
-    ran = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
-    assert ran.returncode == 0, ran.stderr
-    assert ran.stdout.strip().splitlines()[-1] == "[]"
+    assert _last_line_printed(probe) == "[]"
 
 
 def test_a_forked_child_finds_xnnpack_graphs_built_and_runs_parallel_ops():
@@ -203,6 +208,4 @@ def test_a_forked_child_finds_xnnpack_graphs_built_and_runs_parallel_ops():
         "    os.kill(pid, 9)\n"
         "    print('child hung')\n"
     )
-    ran = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
-    assert ran.returncode == 0, ran.stderr
-    assert ran.stdout.strip().splitlines()[-1] == "child exit 0"
+    assert _last_line_printed(probe) == "child exit 0"
