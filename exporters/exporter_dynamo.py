@@ -1598,7 +1598,8 @@ def _patch_vision_positions_at_once(original):
     fixes the image count; a composite model cannot take them precomputed (its text model reads `position_ids`),
     nor can a retriever that calls its tower directly (ColQwen2). For one merge size, every patch at once: its frame
     found among the frames' cumulative sizes, then its merge block and its place in the block from its offset in the
-    frame. ExecuTorch's `to_edge` cannot take the total read with `.item()`: its dynamic cells still fail."""
+    frame. ExecuTorch plans memory for the total's upper bound: where no input axis bounds it (Muse Spark's tower
+    reorders its rows by window first), the dynamic cell fails at `to-executorch`."""
 
     def get_vision_position_ids(grid_thw, spatial_merge_size, include_temporal=False, kwargs=None):
         precomputed = kwargs is not None and kwargs.get("position_ids") is not None
@@ -1727,10 +1728,14 @@ def _merged_patch_places(grid_thw, merge, total):
     """Where each of the ``total`` patches of frames laid out merge block by merge block (Qwen-VL's order) lies: its
     frame (counted over every image), the frame's first patch, rows and columns, and its own row and column in it."""
     frames, heights, widths = grid_thw.unbind(-1)
-    frame_sizes = torch.repeat_interleave(heights * widths, frames)
-    frame, in_frame = _places_in_parts(frame_sizes, total)
-    start = _starts(frame_sizes)[frame]
-    rows, columns = torch.repeat_interleave(heights, frames)[frame], torch.repeat_interleave(widths, frames)[frame]
+    # image by image, not frame by frame: a list of every frame would have a data-dependent length of its own
+    frame_sizes = heights * widths
+    image, in_image = _places_in_parts(frames * frame_sizes, total)
+    frame_size = frame_sizes[image]
+    frame_in_image, in_frame = in_image // frame_size, in_image % frame_size
+    frame = _starts(frames)[image] + frame_in_image
+    start = _starts(frames * frame_sizes)[image] + frame_in_image * frame_size
+    rows, columns = heights[image], widths[image]
     block, within = in_frame // (merge * merge), in_frame % (merge * merge)
     row = block // (columns // merge) * merge + within // merge
     column = block % (columns // merge) * merge + within % merge
@@ -1797,7 +1802,8 @@ def _patch_video_llama3_blocks_shrunk_at_once(original):
 def _interpolation_taps(grid_thw, side, mode, **kwargs):
     """transformers' taps and weights resizing a square position table to every image's grid at once. It pads the
     images' starts from a slice one shorter than the image count: for the two images of a trace a slice of one,
-    whose contiguity check fixes the count. Traced size-oblivious, no such size is read as one or zero."""
+    whose contiguity check fixes the count. Traced size-oblivious, no such size is read as one or zero (ExecuTorch's
+    re-trace in `to_edge` is not, and fixes Inkling 2's image count)."""
     from transformers.vision_utils import get_vision_interpolation_indices_and_weights
 
     with fx_config.patch(backed_size_oblivious=True):

@@ -236,7 +236,8 @@ def _insertion_points(sorted_rows, values, right, out_int32):
 def _patch_repeat_interleave_as_gather(original):
     """`repeat_interleave` with a tensor of counts (vision towers' per-image boundaries and indices, computed from
     the image grid) is not in the Core ATen opset. Output position p takes the element whose running count first
-    exceeds p: a comparison, a sum and a gather."""
+    exceeds p: a comparison, a sum and a gather. The total is read from a sum, not the last running count: `.item()`
+    of a view at a symbolic offset fails `to_edge`'s re-trace ("Cannot cast FakeTensor ... to number")."""
 
     def repeat_interleave(input, repeats=None, dim=None, *, output_size=None):
         if repeats is None and isinstance(input, torch.Tensor) and input.dim() == 1:  # the counts alone
@@ -246,7 +247,7 @@ def _patch_repeat_interleave_as_gather(original):
         if dim is None:
             input, dim = input.flatten(), 0
         ends = repeats.cumsum(0)
-        total = output_size if output_size is not None else ends[-1].item()
+        total = output_size if output_size is not None else repeats.sum().item()
         torch._check(total >= 0)
         positions = torch.arange(total, device=repeats.device)
         return input.index_select(dim, (positions[:, None] >= ends[None, :]).sum(dim=-1))

@@ -681,6 +681,29 @@ def test_vision_positions_at_once_are_eagers_image_by_image_and_keep_the_image_c
     assert "image_grid_thw axis 0 = 2 (second set: 3)" in fixed["_patch_vision_positions_at_once"]
 
 
+class _PositionedPatches(torch.nn.Module):
+    """A Qwen-VL-style tower: every patch gets its (row, column), computed at once from the image grid."""
+
+    def forward(self, patches, grid_thw):
+        from transformers.models.muse_spark.modeling_muse_spark import get_vision_position_ids
+
+        from exporters.exporter_dynamo import _patch_vision_positions_at_once
+
+        positions = _patch_vision_positions_at_once(get_vision_position_ids)(grid_thw, 2)
+        return patches + positions.to(patches.dtype).sum(-1, keepdim=True)
+
+
+def test_executorch_plans_vision_positions_for_any_image_count():
+    # no list of frames: its length, read from the data, would have no upper bound to plan memory for
+    model = _PositionedPatches().eval()
+    exporter, config = exporters.exporter_for("executorch", dynamic=True)
+    inputs = {"patches": torch.randn(20, 3), "grid_thw": torch.tensor([[1, 2, 2], [2, 2, 4]])}
+    exported = exporter.export(model, inputs, config)
+    other = {"patches": torch.randn(16, 3), "grid_thw": torch.tensor([[1, 2, 2], [1, 2, 2], [2, 2, 2]])}
+    (got,) = exported(**other).values()
+    torch.testing.assert_close(got, model(**other))
+
+
 def test_pixtral_patches_and_mistral3_blocks_picked_at_once_are_eagers_image_by_image():
     from harness.cells import ClassContext
     from harness.models import select
@@ -1632,6 +1655,16 @@ def test_a_traced_pattern_exports_with_its_workaround_and_fails_without(backend,
         assert torch.equal(got, want)
     with disabled_workarounds(workaround), pytest.raises(exporters.ExportError, match=error):
         exporter.export(model, inputs, config)
+
+
+def test_executorch_repeats_by_counts_of_a_symbolic_number_of_images():
+    model = _PatchIndexPerImage().eval()
+    exporter, config = exporters.exporter_for("executorch", dynamic=True)
+    exported = exporter.export(model, {"patches": torch.randn(5, 3), "patches_per_image": torch.tensor([2, 3])}, config)
+    assert "_patch_repeat_interleave_as_gather" in exported.applied
+    other = {"patches": torch.randn(6, 3), "patches_per_image": torch.tensor([1, 2, 3])}  # one image more
+    (got,) = exported(**other).values()
+    torch.testing.assert_close(got, model(**other))
 
 
 def test_paddleocr_projector_blocks_gathered_are_eagers_image_by_image():
