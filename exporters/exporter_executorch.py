@@ -686,6 +686,30 @@ def _fix_max_for_xnnpack(graph_module, node) -> bool:
 
 
 @register_fx_node_fix("executorch")
+def _fix_prelu_for_xnnpack(graph_module, node) -> bool:
+    """XNNPACK's partitioner takes `prelu` of any rank but lowers it channels-last, which only a 4-D input has
+    ("Attempting to convert non-NHWC compatible node to NHWC": DAB-DETR's PReLU after a linear, on 3-D tokens). A
+    2-D or 3-D input gains trailing axes of one, which the output drops again; the channels stay on axis 1."""
+    if node.op != "call_function" or node.target is not torch.ops.aten.prelu.default:
+        return False
+    source = node.args[0]
+    rank = source.meta["val"].dim()
+    if rank not in (2, 3):
+        return False
+    graph = graph_module.graph
+    widened = source
+    for axis in range(rank, 4):
+        widened = _call_after(graph, widened, torch.ops.aten.unsqueeze.default, axis, after=node.prev)
+    node.args = (widened, *node.args[1:])
+    node.meta["val"] = torch.ops.aten.prelu.default(*torch.fx.node.map_arg(node.args, lambda arg: arg.meta["val"]))
+    consumers = list(node.users)
+    narrowed = _call_after(graph, node, torch.ops.aten.squeeze.dims, list(range(rank, 4)))
+    for consumer in consumers:
+        consumer.replace_input_with(node, narrowed)
+    return True
+
+
+@register_fx_node_fix("executorch")
 def _fix_negative_padding_as_slice(graph_module, node) -> bool:
     """A negative pad crops, which the portable `constant_pad_nd` kernel refuses at run time ("Padding values must
     be non-negative"; RWKV's time shift pads one step in front and drops the last). The crops become slices, and

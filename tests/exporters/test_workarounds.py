@@ -1540,6 +1540,17 @@ class _ShuffledRows(torch.nn.Module):
         return torch.randperm(rows.shape[0]).sort().values
 
 
+class _TokenPReLU(torch.nn.Module):
+    """DAB-DETR's encoder: a PReLU on 3-D tokens (here one slope per channel, on axis 1)."""
+
+    def __init__(self):
+        super().__init__()
+        self.activation = torch.nn.PReLU(num_parameters=5, init=0.1)
+
+    def forward(self, tokens):
+        return self.activation(tokens)
+
+
 class _EvalModeDropout(torch.nn.Module):
     """SpeechT5's decoder prenet draws its dropout mask in eval mode too, here with a probability of 0."""
 
@@ -1576,6 +1587,7 @@ MODULE_CASES = [  # (backend, module, inputs, workaround, error without it)
      {"sample_lengths": torch.tensor([3, 1, 4]), "row_starts": torch.tensor([0.0, 3, 3.5, 4, 7])},
      "_patch_searchsorted_as_comparison", "searchsorted.Tensor is not in Core ATen"),
     ("onnx", _ShuffledRows, {"rows": torch.randn(5, 3)}, "_aten_randperm", "No ONNX function found for .*randperm"),
+    ("executorch", _TokenPReLU, {"tokens": torch.randn(2, 5, 8)}, "_fix_prelu_for_xnnpack", "ChannelsLastTaggedReshapePass"),
     ("executorch", _EvalModeDropout, {"embeddings": torch.randn(2, 3, 4)},
      "_fix_certain_bernoulli", "bernoulli.p is not in Core ATen"),
     ("executorch", _PickedColumns, {"x": torch.randn(2, 5, 8), "keep": torch.tensor([True, False, True, True, False])},
