@@ -1598,8 +1598,8 @@ def _patch_vision_positions_at_once(original):
     fixes the image count; a composite model cannot take them precomputed (its text model reads `position_ids`),
     nor can a retriever that calls its tower directly (ColQwen2). For one merge size, every patch at once: its frame
     found among the frames' cumulative sizes, then its merge block and its place in the block from its offset in the
-    frame. ExecuTorch plans memory for the total's upper bound: where no input axis bounds it (Muse Spark's tower
-    reorders its rows by window first), the dynamic cell fails at `to-executorch`."""
+    frame. ExecuTorch plans memory for the total's upper bound: where no input axis bounds it before it sizes a
+    tensor (Muse Spark, ColQwen2), the dynamic cell fails at `to-executorch`."""
 
     def get_vision_position_ids(grid_thw, spatial_merge_size, include_temporal=False, kwargs=None):
         precomputed = kwargs is not None and kwargs.get("position_ids") is not None
