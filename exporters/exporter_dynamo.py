@@ -1730,11 +1730,12 @@ def _merged_patch_places(grid_thw, merge, total):
     frames, heights, widths = grid_thw.unbind(-1)
     # image by image, not frame by frame: a list of every frame would have a data-dependent length of its own
     frame_sizes = heights * widths
-    image, in_image = _places_in_parts(frames * frame_sizes, total)
+    image_sizes = frames * frame_sizes
+    image, in_image = _places_in_parts(image_sizes, total)
     frame_size = frame_sizes[image]
     frame_in_image, in_frame = in_image // frame_size, in_image % frame_size
     frame = _starts(frames)[image] + frame_in_image
-    start = _starts(frames * frame_sizes)[image] + frame_in_image * frame_size
+    start = _starts(image_sizes)[image] + frame_in_image * frame_size
     rows, columns = heights[image], widths[image]
     block, within = in_frame // (merge * merge), in_frame % (merge * merge)
     row = block // (columns // merge) * merge + within // merge
