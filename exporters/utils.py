@@ -79,6 +79,22 @@ class PatchPathError(LookupError):
     """A registered patch names a path that does not resolve."""
 
 
+_STAGE_WATCHER: contextvars.ContextVar[Callable[[str | None, list[dict]], None] | None] = contextvars.ContextVar(
+    "stage_watcher", default=None
+)
+
+
+@contextmanager
+def watching_stages(watcher: Callable[[str | None, list[dict]], None]) -> Iterator[None]:
+    """Calls ``watcher(open_stage, ended_stages)`` whenever an export stage starts or ends (``open_stage`` the
+    innermost still running, None between stages): whoever kills a hung export can still say where it hung."""
+    token = _STAGE_WATCHER.set(watcher)
+    try:
+        yield
+    finally:
+        _STAGE_WATCHER.reset(token)
+
+
 class StageLog:
     """Times the stages of one export and turns any exception into the backend's ``ExportError`` for that stage.
 
@@ -91,11 +107,15 @@ class StageLog:
         self.stages: list[dict] = []
         self.applied: list[str] = []
         self._inner_seconds: list[float] = []
+        self._open: list[str] = []
+        self._watcher = _STAGE_WATCHER.get()
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
         start = time.perf_counter()
         self._inner_seconds.append(0.0)
+        self._open.append(name)
+        self._tell_watcher()
         status = "fail"
         try:
             yield
@@ -112,6 +132,12 @@ class StageLog:
             if self._inner_seconds:
                 self._inner_seconds[-1] += elapsed
             self.stages.append({"name": name, "status": status, "seconds": round(elapsed - inner, 4)})
+            self._open.pop()
+            self._tell_watcher()
+
+    def _tell_watcher(self) -> None:
+        if self._watcher is not None:
+            self._watcher(self._open[-1] if self._open else None, list(self.stages))
 
     def note(self, names) -> None:
         for name in names:

@@ -300,11 +300,15 @@ def new_record(cell: Cell, context: ClassContext | None = None) -> CellRecord:
     return record
 
 
-def run_cell(cell: Cell, context: ClassContext, registry=None, on_stage: Callable[[str], None] | None = None) -> CellRecord:
-    """Run one cell after the class' shared stages; ``registry`` decides skips and the ONNX optimizer."""
-    import exporters
+def run_cell(cell: Cell, context: ClassContext, registry=None, on_stage: Callable[..., None] | None = None) -> CellRecord:
+    """Run one cell after the class' shared stages; ``registry`` decides skips and the ONNX optimizer.
 
-    on_stage = on_stage or (lambda name: None)
+    ``on_stage(name, ended=())`` is told before each stage starts, and within the export, as each exporter stage
+    starts or ends, with the exporter stages ended so far."""
+    import exporters
+    from exporters.utils import watching_stages
+
+    on_stage = on_stage or (lambda name, ended=(): None)
     context.prepare(on_stage)
     record = new_record(cell, context)
     if not context.ok:
@@ -329,8 +333,13 @@ def run_cell(cell: Cell, context: ClassContext, registry=None, on_stage: Callabl
 
     on_stage("export")
     start = time.perf_counter()
+
+    def on_exporter_stage(name: str | None, ended: list[dict]) -> None:
+        on_stage(name or "export", _exporter_stages(ended))
+
     try:
-        exported = exporter.export(context.model, context.inputs["A"], config)
+        with watching_stages(on_exporter_stage):
+            exported = exporter.export(context.model, context.inputs["A"], config)
     except exporters.ExportError as error:
         record.stages.extend(_exporter_stages(error.stages))
         failed = _raising_stage(record.stages, error.stage)
@@ -366,7 +375,7 @@ def run_cell(cell: Cell, context: ClassContext, registry=None, on_stage: Callabl
     ]
     outputs = None
     for name, step in steps:
-        on_stage(name)
+        on_stage(name, record.stages[len(context.stages) :])
         stage, result, trace = run_stage(name, step)
         record.stages.append(stage)
         if stage.status != "pass":
@@ -374,7 +383,7 @@ def run_cell(cell: Cell, context: ClassContext, registry=None, on_stage: Callabl
             return _done(record)
         outputs = result
 
-    on_stage("parity")
+    on_stage("parity", record.stages[len(context.stages) :])
     atol, rtol, reason = tolerance_for(cell.model.name, cell.backend)
     record.atol, record.rtol, record.tolerance_reason = atol, rtol, reason
     start = time.perf_counter()

@@ -3,8 +3,8 @@ would otherwise build in every child (on one thread: see ``warm_up_xnnpack``); e
 child that builds the model once and runs that class' cells one after another.
 
 A child that crashes (segfault, abort), runs past the cell timeout or grows past the memory cap is killed by the
-parent, which records the cell as ``crash``, ``timeout`` or ``oom`` at the stage it was in and goes on with a
-fresh child for the class' next cell. A failure in a shared stage (config, build, eager) is not retried: every
+parent, which records the cell as ``crash``, ``timeout`` or ``oom`` at the stage it was in (inside an export, the
+exporter's own stage, with the stages that ended before it) and goes on with a fresh child for the class' next cell. A failure in a shared stage (config, build, eager) is not retried: every
 remaining cell of that class gets the same record.
 """
 
@@ -107,7 +107,9 @@ class ClassWorker:
         self.stage = ""
         self.started = 0.0
         self.peak_rss_mb = 0.0
+        self.stage_started = 0.0
         self.shared_stages: list[StageRecord] = []
+        self.cell_stages: list[StageRecord] = []  # the exporter stages this cell has ended so far
         self.shared_failure: CellRecord | None = None  # a crash in a shared stage: the answer for every cell
 
     # ── parent side ──
@@ -123,6 +125,7 @@ class ClassWorker:
             self._start()
         shared_done = len(self.shared_stages) == len(SHARED_STAGES)
         self.cell, self.stage, self.started = cell, "export" if shared_done else "config", time.monotonic()
+        self.stage_started, self.cell_stages = self.started, []
         self.connection.send(("cell", cell.backend, cell.shape_mode))
         return None
 
@@ -156,9 +159,11 @@ class ClassWorker:
     def _read_messages(self) -> CellRecord | None:
         while self.connection.poll():
             kind, payload = self.connection.recv()
-            if kind == "stage":  # (stage starting, shared stages done so far)
-                self.stage = payload[0]
+            if kind == "stage":  # (stage starting, shared stages done so far, this cell's stages done so far)
+                if payload[0] != self.stage:
+                    self.stage, self.stage_started = payload[0], time.monotonic()
                 self.shared_stages = [StageRecord(**stage) for stage in payload[1]]
+                self.cell_stages = [StageRecord(**stage) for stage in payload[2]]
             elif kind == "record":
                 record = CellRecord.from_dict(payload)
                 self.peak_rss_mb = max(self.peak_rss_mb, _own_memory_mb(self.pid) or 0.0)
@@ -233,9 +238,9 @@ class ClassWorker:
     def _failure(self, status: str, message: str) -> CellRecord:
         cell, self.cell = self.cell, None
         record = new_record(cell)
-        record.stages = list(self.shared_stages)  # the ones finished before this stage began
+        record.stages = [*self.shared_stages, *self.cell_stages]  # the ones that ended before this stage began
         record.stages.append(
-            StageRecord(self.stage, status, round(time.monotonic() - self.started, 2), status.capitalize(), message)
+            StageRecord(self.stage, status, round(time.monotonic() - self.stage_started, 2), status.capitalize(), message)
         )
         record.worker, record.peak_rss_mb = self.name, round(self.peak_rss_mb, 1) or None
         record.finished_at = record.started_at
@@ -286,8 +291,8 @@ class ClassWorker:
         torch.set_num_threads(self.options.threads)
         context = ClassContext(self.model_class)
 
-        def on_stage(name: str) -> None:
-            connection.send(("stage", (name, [vars(stage) for stage in context.stages])))
+        def on_stage(name: str, ended=()) -> None:
+            connection.send(("stage", (name, [vars(stage) for stage in context.stages], [vars(stage) for stage in ended])))
 
         while True:
             kind, backend, shape_mode = connection.recv()

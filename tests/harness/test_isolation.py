@@ -57,9 +57,9 @@ def fault_once(tmp_path):
 @pytest.mark.parametrize(
     "fault, status, message",
     [
-        (_segfault, "crash", "died of SIGSEGV (segmentation fault) in stage export"),
-        (_hang, "timeout", "ran past the 20 s cell timeout in stage export"),
-        (_blow_up_memory, "oom", "over the 900 MB memory cap, in stage export"),
+        (_segfault, "crash", "died of SIGSEGV (segmentation fault) in stage torch-export"),
+        (_hang, "timeout", "ran past the 20 s cell timeout in stage torch-export"),
+        (_blow_up_memory, "oom", "over the 900 MB memory cap, in stage torch-export"),
     ],
     ids=["segfault", "hang", "memory"],
 )
@@ -72,9 +72,12 @@ def test_a_faulty_cell_fails_alone_and_the_sweep_goes_on(tmp_path, fault_once, f
     options = WorkerOptions(timeout=20, memory_cap_mb=900, log_dir=tmp_path / "logs")
     counts = run_sweep(plan, store, options, jobs=1, progress=Progress(plan.total, every=60))
     first, second = store.read("BertModel-dynamo-static"), store.read("BertModel-dynamo-dynamic")
-    assert (first.status, first.stage) == (status, "export")
+    assert (first.status, first.stage) == (status, "torch-export"), "the exporter stage it was in, not just 'export'"
     assert message in first.message
-    assert [s.name for s in first.stages] == ["config", "build", "eager", "export"], "shared stages kept"
+    names = [s.name for s in first.stages]
+    assert names[:3] == ["config", "build", "eager"], "shared stages kept"
+    assert {"signature", "dynamic-shapes"} <= set(names[3:-1]), "the exporter stages that ended before it kept"
+    assert all(s.status == "pass" for s in first.stages[:-1])
     assert second.status == "pass", "the next cell ran in a fresh worker"
     assert counts == {status: 1, "pass": 1}
 
