@@ -521,6 +521,51 @@ def _patch_dim_order_of_contiguous_strides(original):
     return dim_order_from_stride
 
 
+@register_patch("executorch", "torch.export.exported_program._convert_guards_to_code", reports=True)
+def _patch_guards_left_unprinted(original):
+    """Each partition a backend lowers becomes an ExportedProgram, which prints every guard of the shared shape
+    environment as Python, kept only to check the inputs of its `.module()`: the lowered program never runs them. A
+    mixture of experts routed with dynamic shapes has thousands of guards, printed again for each partition: about
+    half of `to_edge`'s time (Qwen3.5-MoE)."""
+
+    from torch.export.exported_program import _get_shape_env
+
+    def convert_guards_to_code(graph_module):
+        shape_env = _get_shape_env(graph_module)
+        if shape_env is not None and shape_env.guards:
+            report_applied()
+        return []
+
+    return convert_guards_to_code
+
+
+@register_patch("executorch", "executorch.exir.tensor.TensorSpec.from_tensor", reports=True)
+def _patch_unit_axes_without_say_in_dim_order(original):
+    """An axis of size one has no say in the layout, yet ExecuTorch orders axes by their strides alone: `nonzero`'s
+    [count, 1] result, strided like a transposed tensor, gets the dim order (1, 0), and the portable kernels that
+    take it next (squeeze, select, slice) refuse an input whose dim order differs from their output's ("different
+    dim orders", 0x12 at run time). Below four axes ExecuTorch has no other order than the contiguous one (channels
+    last needs four): a tensor laid out contiguously but for its unit axes gets contiguous strides."""
+    from executorch.exir.tensor import contiguous_stride_from_shape, dim_order_from_stride
+    from torch.fx.experimental.symbolic_shapes import guard_or_false, guard_or_true
+
+    def from_tensor(cls, tensor, const=False):
+        spec = original(tensor, const)
+        if len(spec.shape) > 3:
+            return spec
+        contiguous = contiguous_stride_from_shape(spec.shape)
+        unit = [isinstance(size, int) and size == 1 for size in spec.shape]
+        if not any(guard_or_true(have != want) for have, want, one in zip(spec.stride, contiguous, unit) if one):
+            return spec
+        if all(guard_or_false(have == want) for have, want, one in zip(spec.stride, contiguous, unit) if not one):
+            report_applied()
+            spec.stride = contiguous
+            spec.dim_order = dim_order_from_stride(contiguous)
+        return spec
+
+    return from_tensor
+
+
 # ── Stage 4: FX program fixes ────────────────────────────────────────────────
 # `@register_fx_program_fix("executorch")`: `fix(exported_program) -> bool`.
 

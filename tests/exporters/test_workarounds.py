@@ -1680,6 +1680,57 @@ def test_executorch_repeats_by_counts_of_a_symbolic_number_of_images():
     torch.testing.assert_close(got, model(**other))
 
 
+class _PositiveEntries(torch.nn.Module):
+    """A mask's true places, the way vision towers pick their real patches: `nonzero` of a vector, its column
+    taken with `squeeze`, and the same through `torch.where(mask)` (whose tuple `to_edge` decomposes)."""
+
+    def forward(self, scores):
+        flat = scores.flatten()
+        index = (flat > 0).nonzero().squeeze(1)
+        where = torch.where(flat < 0)[0]
+        torch._check(index.shape[0] > 1)
+        torch._check(where.shape[0] > 1)
+        return flat[index] * 2, flat[where]
+
+
+def test_executorch_runs_kernels_on_the_nonzero_of_a_vector():
+    model = _PositiveEntries().eval()
+    scores = torch.tensor([[1.0, -1.0, 2.0], [3.0, -2.0, 1.0]])
+    other = torch.tensor([[1.0, -1.0, 2.0, 5.0], [3.0, -2.0, 1.0, -4.0], [1.0, 1.0, 1.0, 1.0]])
+    exporter, config = exporters.exporter_for("executorch", dynamic=True)
+    exported = exporter.export(model, {"scores": scores}, config)
+    assert "_patch_unit_axes_without_say_in_dim_order" in exported.applied
+    for got, want in zip(exported(scores=other).values(), model(other), strict=True):
+        assert torch.equal(got, want)
+    with disabled_workarounds("_patch_unit_axes_without_say_in_dim_order"):
+        exported = exporter.export(model, {"scores": scores}, config)
+        with pytest.raises(RuntimeError, match="0x12"):  # a portable kernel refuses the dim orders
+            exported(scores=other)
+
+
+class _GuardedProjection(torch.nn.Module):
+    """A branch on the sequence length (a guard on a symbolic size) around a linear layer XNNPACK takes."""
+
+    def __init__(self):
+        super().__init__()
+        self.projection = torch.nn.Linear(4, 4)
+
+    def forward(self, tokens):
+        if tokens.shape[1] > 2:
+            tokens = tokens * 2
+        return self.projection(tokens)
+
+
+def test_executorch_lowers_without_printing_the_guards_of_each_partition():
+    model = _GuardedProjection().eval()
+    exporter, config = exporters.exporter_for("executorch", dynamic=True)
+    exported = exporter.export(model, {"tokens": torch.randn(2, 5, 4)}, config)
+    assert "_patch_guards_left_unprinted" in exported.applied, "a guarded dynamic program has guards to leave out"
+    other = torch.randn(3, 7, 4)
+    (got,) = exported(tokens=other).values()
+    torch.testing.assert_close(got, model(other), atol=1e-5, rtol=1e-5)
+
+
 def test_paddleocr_projector_blocks_gathered_are_eagers_image_by_image():
     from exporters.exporter_dynamo import _patch_paddleocr_projector_blocks_gathered
 
