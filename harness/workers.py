@@ -4,8 +4,9 @@ child that builds the model once and runs that class' cells one after another.
 
 A child that crashes (segfault, abort), runs past the cell timeout or grows past the memory cap is killed by the
 parent, which records the cell as ``crash``, ``timeout`` or ``oom`` at the stage it was in (inside an export, the
-exporter's own stage, with the stages that ended before it) and goes on with a fresh child for the class' next cell. A failure in a shared stage (config, build, eager) is not retried: every
-remaining cell of that class gets the same record.
+exporter's own stage, with the stages that ended before it) and goes on with a fresh child for the class' next
+cell. A failure in a shared stage (config, build, eager) is not retried: every remaining cell of that class gets
+the same record.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ class ClassWorker:
         self.peak_rss_mb = 0.0
         self.stage_started = 0.0
         self.shared_stages: list[StageRecord] = []
-        self.cell_stages: list[StageRecord] = []  # the exporter stages this cell has ended so far
+        self.cell_stages: list[StageRecord] = []  # this cell's own stages that ended so far
         self.shared_failure: CellRecord | None = None  # a crash in a shared stage: the answer for every cell
 
     # ── parent side ──
