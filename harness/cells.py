@@ -300,7 +300,9 @@ def new_record(cell: Cell, context: ClassContext | None = None) -> CellRecord:
     return record
 
 
-def run_cell(cell: Cell, context: ClassContext, registry=None, on_stage: Callable[..., None] | None = None) -> CellRecord:
+def run_cell(
+    cell: Cell, context: ClassContext, registry=None, on_stage: Callable[..., None] | None = None
+) -> CellRecord:
     """Run one cell after the class' shared stages; ``registry`` decides skips and the ONNX optimizer.
 
     ``on_stage(name, ended=())`` is told before each stage starts, and within the export, as each exporter stage

@@ -241,7 +241,9 @@ class ClassWorker:
         record = new_record(cell)
         record.stages = [*self.shared_stages, *self.cell_stages]  # the ones that ended before this stage began
         record.stages.append(
-            StageRecord(self.stage, status, round(time.monotonic() - self.stage_started, 2), status.capitalize(), message)
+            StageRecord(
+                self.stage, status, round(time.monotonic() - self.stage_started, 2), status.capitalize(), message
+            )
         )
         record.worker, record.peak_rss_mb = self.name, round(self.peak_rss_mb, 1) or None
         record.finished_at = record.started_at
@@ -293,7 +295,8 @@ class ClassWorker:
         context = ClassContext(self.model_class)
 
         def on_stage(name: str, ended=()) -> None:
-            connection.send(("stage", (name, [vars(stage) for stage in context.stages], [vars(stage) for stage in ended])))
+            shared, own = [vars(stage) for stage in context.stages], [vars(stage) for stage in ended]
+            connection.send(("stage", (name, shared, own)))
 
         while True:
             kind, backend, shape_mode = connection.recv()
