@@ -398,6 +398,28 @@ def _patch_xnnpack_exact_gelu_only(original):
 
 
 @register_patch(
+    "executorch",
+    "executorch.backends.xnnpack.partition.config.xnnpack_config.XNNPartitionerConfig.check_common_constraints",
+    reports=True,
+)
+def _patch_xnnpack_rank_limit(original):
+    """XNNPACK defines tensors of at most six axes, yet its partitioner takes a node of any rank: Perceiver's
+    space-to-depth (an 8-axis permute) lowers, then the program fails to load ("Failed to define tensor", 0x1). A
+    node that reads or writes a tensor past that rank stays on the portable kernels."""
+    from executorch.backends.xnnpack.utils.xnnpack_constants import XNN_MAX_TENSOR_DIMS
+
+    def check_common_constraints(self, node, exported_program):
+        values = [node.meta.get("val"), *(arg.meta.get("val") for arg in node.all_input_nodes)]
+        if any(isinstance(value, torch.Tensor) and value.dim() > XNN_MAX_TENSOR_DIMS
+               for value in torch.utils._pytree.tree_leaves(values)):
+            report_applied()
+            return False
+        return original(self, node, exported_program)
+
+    return check_common_constraints
+
+
+@register_patch(
     "executorch", "executorch.exir.verification.arg_validator.EdgeOpArgValidator.call_function", reports=True
 )
 def _patch_edge_validator_list_return(original):

@@ -1708,6 +1708,33 @@ def test_executorch_runs_kernels_on_the_nonzero_of_a_vector():
             exported(scores=other)
 
 
+class _SpaceToDepth(torch.nn.Module):
+    """Perceiver's video patches: frames folded into blocks of 2 x 2 x 2 through an 8-axis view and permute."""
+
+    def __init__(self):
+        super().__init__()
+        self.projection = torch.nn.Linear(24, 8)
+
+    def forward(self, frames):
+        batch, time, channels, height, width = frames.shape
+        blocks = frames.view(batch, time // 2, 2, channels, height // 2, 2, width // 2, 2)
+        blocks = blocks.permute(0, 1, 4, 6, 2, 5, 7, 3).reshape(batch, time // 2, height // 2, width // 2, -1)
+        return self.projection(blocks * 2)
+
+
+def test_xnnpack_leaves_tensors_of_more_than_six_axes_to_portable_kernels():
+    model, frames = _SpaceToDepth().eval(), torch.randn(1, 2, 3, 4, 4)
+    exporter, config = exporters.exporter_for("executorch")
+    exported = exporter.export(model, {"frames": frames}, config)
+    assert "_patch_xnnpack_rank_limit" in exported.applied
+    (got,) = exported(frames=frames).values()
+    torch.testing.assert_close(got, model(frames), atol=TOLERANCE["executorch"], rtol=TOLERANCE["executorch"])
+    with disabled_workarounds("_patch_xnnpack_rank_limit"):
+        exported = exporter.export(model, {"frames": frames}, config)
+        with pytest.raises(RuntimeError, match="0x:1"):  # XNNPACK cannot define the 8-axis tensor
+            exported(frames=frames)
+
+
 class _GuardedProjection(torch.nn.Module):
     """A branch on the sequence length (a guard on a symbolic size) around a linear layer XNNPACK takes."""
 
