@@ -391,6 +391,8 @@ TINY_OVERRIDES: dict[str, dict] = {
     "sam_hq_mask_decoder": {"vit_dim": 32},  # the width of the ViT features the HQ head reads
     # its shared expert is sized by a key that checkpoints carry and the config class does not declare
     "qwen3_omni_moe_talker_text": {"shared_expert_intermediate_size": 64},
+    # the talker reads a merge size that checkpoints carry and its config class (no model type) does not declare
+    "qwen3_omni_moe": {"talker_config.spatial_merge_size": 2},
     # the omni thinkers' rope index reads a vision start token their configs do not define
     "qwen2_5_omni_thinker": {"vision_start_token_id": 151652},
     "qwen3_omni_moe_thinker": {"vision_start_token_id": 151652},
