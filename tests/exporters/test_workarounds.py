@@ -388,6 +388,8 @@ def test_packed_attention_under_a_data_dependent_length_exports():
 @pytest.mark.parametrize("name, size_input, backend", [
     # its audio frames chunked by the number the mask marks real (exportable unbaked too, on a grid of chunks)
     ("Qwen2_5OmniThinkerForConditionalGeneration", "feature_attention_mask", "dynamo"),
+    # its per-image merge factors: traced, a reshape by them left ExecuTorch a view of unplannable size
+    ("VideoLlama3VisionModel", "merge_sizes", "dynamo"),
 ])  # fmt: skip
 def test_a_static_export_bakes_in_the_image_and_audio_geometry(name, size_input, backend):
     context = _built_by_the_sweep(name)
