@@ -1705,10 +1705,13 @@ def _patch_minicpm_merger_blocks_gathered(original):
     return forward
 
 
-def _patch_total(sizes: torch.Tensor) -> int:
-    """How many patches images of these sizes (a row of grid sides each) hold: read from the data, one number."""
+def _patch_total(sizes: torch.Tensor, at_most=None) -> int:
+    """How many patches images of these sizes (a row of grid sides each) hold: read from the data, one number;
+    ``at_most`` (the patches the model was given) bounds it, so that ExecuTorch can plan memory for it."""
     total = sizes.prod(-1).sum().item()
     torch._check(total >= 0)
+    if at_most is not None:
+        torch._check(total <= at_most)
     return total
 
 
@@ -1784,7 +1787,7 @@ def _patch_video_llama3_blocks_shrunk_at_once(original):
         frames, rows, columns = grid_thw.unbind(-1)
         merges = merge_sizes.to(grid_thw.dtype)
         blocks = torch.stack([frames, rows // merges, columns // merges], dim=-1)
-        image, block = _places_in_parts(blocks.prod(-1), _patch_total(blocks))
+        image, block = _places_in_parts(blocks.prod(-1), _patch_total(blocks, at_most=hidden_states.shape[0]))
         patches = grid_thw.prod(-1)
         merge = merges[image]
         first = _starts(patches)[image] + block * merge * merge
