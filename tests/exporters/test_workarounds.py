@@ -1740,6 +1740,27 @@ def test_xnnpack_leaves_tensors_of_more_than_six_axes_to_portable_kernels():
             exported(frames=frames)
 
 
+class _EmptyKeysConcatenated(torch.nn.Module):
+    """A key cache of zero width (MistralLarge 4's rope-less part) concatenated with the step's empty keys."""
+
+    def forward(self, states):
+        empty = states[..., :0]
+        keys = torch.cat([empty, empty * 2], dim=-1)
+        return states * 2, keys
+
+
+def test_executorch_keeps_a_cat_of_empty_tensors_of_a_symbolic_shape():
+    model, states = _EmptyKeysConcatenated().eval(), torch.randn(2, 5, 4)
+    exporter, config = exporters.exporter_for("executorch", dynamic=True)
+    exported = exporter.export(model, {"states": states}, config)
+    assert "_patch_empty_cat_left_whole" in exported.applied
+    other = torch.randn(3, 7, 4)
+    for got, want in zip(exported(states=other).values(), model(other), strict=True):
+        assert got.shape == want.shape and torch.equal(got, want)
+    with disabled_workarounds("_patch_empty_cat_left_whole"), pytest.raises(exporters.ExportError, match="int list"):
+        exporter.export(model, {"states": states}, config)
+
+
 class _GuardedProjection(torch.nn.Module):
     """A branch on the sequence length (a guard on a symbolic size) around a linear layer XNNPACK takes."""
 
