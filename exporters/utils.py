@@ -579,7 +579,8 @@ def spec_leaf_names(spec) -> list[str]:
 
 # Inputs whose values a model reads as sizes: the per-image geometry it crops, tiles and loops by (LLaVA-NeXT's
 # any-resolution grid, Pixtral's crops, Qwen-VL's patch grids, how many of the grids each sample owns in GLM-Image,
-# VideoLLaMA 3's per-image merge factors), and the audio frames the Qwen audio towers chunk by (``feature_attention_mask``, a per-sample count of real frames).
+# VideoLLaMA 3's per-image merge factors), and the audio frames the Qwen audio towers chunk by
+# (``feature_attention_mask``, a per-sample count of real frames).
 # Traced, their values become data-dependent sizes that export cannot guard on nor ExecuTorch plan memory for. A
 # static export fixes every shape, so it bakes these in too: the geometry is part of the program, and calling it
 # with another one is refused.
