@@ -564,6 +564,57 @@ def _patch_empty_cat_left_whole(original):
     return remove_empty_tensors_from_cat
 
 
+# the most input-size combinations a size's exact upper bound is searched over
+_BOUND_SEARCH_LIMIT = 1 << 16
+
+
+@register_patch("executorch", "executorch.exir.passes.sym_shape_eval_pass.eval_upper_bound", reports=True)
+def _patch_sizes_bounded_exactly(original):
+    """ExecuTorch plans memory for each size's upper bound, found by interval arithmetic over the expression: a
+    symbol met twice is bounded as two independent ones, and a quotient takes its numerator's top over its
+    denominator's bottom. XLNet's relative shift (a reshape through `(2 * length) * batch // (length - 1)`-like
+    sizes) got bounds of 66 million for an axis of at most 511, and a 137 GB plan the runtime cannot allocate
+    (`std::bad_alloc` at load). Over few enough input sizes, the expression's largest value is found exactly."""
+    import numpy
+    import sympy
+    from torch.utils._sympy.numbers import int_oo
+
+    largest = {}  # (expression, ranges) -> its largest value, or None where it cannot be searched
+
+    def search(expr, spans):
+        symbols = sorted(expr.free_symbols, key=str)
+        if not symbols or any(span.upper is int_oo or span.lower is -int_oo for span in spans):
+            return None
+        axes = [numpy.arange(int(span.lower), int(span.upper) + 1) for span in spans]
+        if math.prod(len(axis) for axis in axes) > _BOUND_SEARCH_LIMIT:
+            return None
+        functions = {"FloorDiv": numpy.floor_divide, "PythonMod": numpy.mod, "Max": numpy.maximum,
+                     "Min": numpy.minimum}
+        try:
+            values = sympy.lambdify(symbols, expr, modules=[functions, "numpy"])(*numpy.meshgrid(*axes))
+        except (NameError, TypeError, ValueError, ZeroDivisionError):  # a function with no numpy form
+            return None
+        return int(numpy.max(values))
+
+    def eval_upper_bound(size):
+        bound = original(size)
+        if isinstance(size, int):
+            return bound
+        expr, ranges = size.node.expr, size.node.shape_env.var_to_range
+        spans = tuple(ranges.get(symbol) for symbol in sorted(expr.free_symbols, key=str))
+        if None in spans:
+            return bound
+        key = (expr, spans)
+        if key not in largest:
+            largest[key] = search(expr, spans)
+        if largest[key] is not None and largest[key] < bound:
+            report_applied()
+            return largest[key]
+        return bound
+
+    return eval_upper_bound
+
+
 @register_patch("executorch", "torch.export.exported_program._convert_guards_to_code", reports=True)
 def _patch_guards_left_unprinted(original):
     """Each partition a backend lowers becomes an ExportedProgram, which prints every guard of the shared shape

@@ -1761,6 +1761,31 @@ def test_executorch_keeps_a_cat_of_empty_tensors_of_a_symbolic_shape():
         exporter.export(model, {"states": states}, config)
 
 
+class _RelativeShift(torch.nn.Module):
+    """XLNet's relative shift: scores against twice as many relative positions, shifted by one through a reshape,
+    whose sizes interval arithmetic bounds far above their largest values."""
+
+    def forward(self, scores):
+        batch, length = scores.shape
+        table = scores[:, :, None] * torch.arange(2 * length, dtype=scores.dtype)
+        shifted = table.reshape(batch, 2 * length, length)[:, 1:].reshape(batch, length, 2 * length - 1)
+        return torch.index_select(shifted, 2, torch.arange(length))
+
+
+def test_executorch_plans_memory_for_the_largest_value_of_each_size():
+    model = _RelativeShift().eval()
+    exporter, config = exporters.exporter_for("executorch", dynamic=True)
+    exported = exporter.export(model, {"scores": torch.randn(2, 5)}, config)
+    assert "_patch_sizes_bounded_exactly" in exported.applied
+    other = torch.randn(3, 9)
+    (got,) = exported(scores=other).values()
+    assert torch.equal(got, model(other))
+    with disabled_workarounds("_patch_sizes_bounded_exactly"):
+        exported = exporter.export(model, {"scores": torch.randn(2, 5)}, config)
+        with pytest.raises(RuntimeError, match="0x:21"):  # the runtime cannot place the tensors planned so
+            exported(scores=other)
+
+
 class _GuardedProjection(torch.nn.Module):
     """A branch on the sequence length (a guard on a symbolic size) around a linear layer XNNPACK takes."""
 
