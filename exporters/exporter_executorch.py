@@ -572,9 +572,9 @@ _BOUND_SEARCH_LIMIT = 1 << 16
 def _patch_sizes_bounded_exactly(original):
     """ExecuTorch plans memory for each size's upper bound, found by interval arithmetic over the expression: a
     symbol met twice is bounded as two independent ones, and a quotient takes its numerator's top over its
-    denominator's bottom. XLNet's relative shift (a reshape through `(2 * length) * batch // (length - 1)`-like
-    sizes) got bounds of 66 million for an axis of at most 511, and a 137 GB plan the runtime cannot allocate
-    (`std::bad_alloc` at load). Over few enough input sizes, the expression's largest value is found exactly."""
+    denominator's bottom. XLNet's relative shift sizes an axis `length**2 // length`, bounded so at 130,560 where
+    it is at most 511: its program planned 137 GB (`std::bad_alloc` at load). Over few enough input sizes, the
+    expression's largest value is found exactly."""
     import numpy
     import sympy
     from torch.utils._sympy.numbers import int_oo
