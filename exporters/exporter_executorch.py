@@ -581,8 +581,7 @@ def _patch_sizes_bounded_exactly(original):
 
     largest = {}  # (expression, ranges) -> its largest value, or None where it cannot be searched
 
-    def search(expr, spans):
-        symbols = sorted(expr.free_symbols, key=str)
+    def search(expr, symbols, spans):
         if not symbols or any(span.upper is int_oo or span.lower is -int_oo for span in spans):
             return None
         axes = [numpy.arange(int(span.lower), int(span.upper) + 1) for span in spans]
@@ -601,12 +600,13 @@ def _patch_sizes_bounded_exactly(original):
         if isinstance(size, int):
             return bound
         expr, ranges = size.node.expr, size.node.shape_env.var_to_range
-        spans = tuple(ranges.get(symbol) for symbol in sorted(expr.free_symbols, key=str))
+        symbols = sorted(expr.free_symbols, key=str)
+        spans = tuple(ranges.get(symbol) for symbol in symbols)
         if None in spans:
             return bound
         key = (expr, spans)
         if key not in largest:
-            largest[key] = search(expr, spans)
+            largest[key] = search(expr, symbols, spans)
         if largest[key] is not None and largest[key] < bound:
             report_applied()
             return largest[key]
