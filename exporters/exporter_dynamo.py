@@ -1189,6 +1189,17 @@ def _geometry_baked(sizes: torch.Tensor) -> bool:
     return isinstance(sizes, FakeTensor) and sizes.constant is not None
 
 
+def _computed_from_baked(function, sizes: torch.Tensor, *args):
+    """``function(sizes, *args)`` run now on the baked sizes' real values, for code that reads nothing else: traced,
+    its boolean indexing gives lengths the trace cannot know (unbacked), which ExecuTorch's re-trace then guards on;
+    the program holds the result as a constant instead."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+
+    with unset_fake_temporarily(), disable_proxy_modes_tracing():
+        return function(sizes.constant, *args)
+
+
 _ANYRES_MODELS = (("llava_next", "LlavaNextModel"), ("llava_next_video", "LlavaNextVideoModel"),
                   ("llava_onevision", "LlavaOnevisionModel"), ("granite4_vision", "Granite4VisionModel"))
 
@@ -1664,13 +1675,15 @@ def _patch_whole_windows_at_once(original):
     """MiniCPM-V's window merger orders each image's patches window by window in a loop over `grid_thw.tolist()`,
     which fixes the image count. Its grids are whole windows (the merger checks it), so the order is the merge-block
     layout with windows for blocks: `_merged_patch_places` gives every slot's patch, and the windows' bounds step by
-    a window's size."""
+    a window's size. A static export knows the grids: the order is computed once, a constant of the program."""
 
     def get_vision_window_index(grid_thw, spatial_merge_size, window_size, patch_size, kwargs=None):
         fed = kwargs is not None and kwargs.get("window_index") is not None
-        if fed or _geometry_baked(grid_thw) or (spatial_merge_size, patch_size) != (1, 1):
+        if fed or (spatial_merge_size, patch_size) != (1, 1):
             return original(grid_thw, spatial_merge_size, window_size, patch_size, kwargs)
         report_applied()
+        if _geometry_baked(grid_thw):
+            return _computed_from_baked(original, grid_thw, spatial_merge_size, window_size, patch_size)
         total = _patch_total(grid_thw)
         _, start, _, columns, row, column = _merged_patch_places(grid_thw, window_size, total)
         bounds = torch.arange(0, total + 1, window_size**2, device=grid_thw.device, dtype=torch.int32)

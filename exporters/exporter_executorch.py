@@ -937,6 +937,28 @@ def _fix_alias_as_its_input(graph_module, node) -> bool:
     return True
 
 
+def _has_no_elements(node) -> bool:
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return value is not None and any(isinstance(size, int) and size == 0 for size in value.shape)
+
+
+@register_fx_node_fix("executorch")
+def _fix_empty_cat_as_its_tensor(graph_module, node) -> bool:
+    """A cache that starts as a 1-D tensor of no elements, which `cat` passes over, concatenated with a step's tensor
+    of zero width (MistralLarge 4's layers without rope): the runtime's `cat` adds up the lengths of the tensors that
+    have elements only, so the result lost its length (eager (3, 1, 9, 0), the program (3, 1, 0, 0)). It is the
+    step's tensor."""
+    if node.op != "call_function" or node.target is not torch.ops.aten.cat.default:
+        return False
+    passed_over = [tensor for tensor in node.args[0] if _has_no_elements(tensor) and tensor.meta["val"].dim() == 1]
+    kept = [tensor for tensor in node.args[0] if tensor not in passed_over]
+    if not passed_over or len(kept) != 1 or not _has_no_elements(kept[0]) or kept[0].op == "placeholder":
+        return False
+    node.replace_all_uses_with(kept[0])
+    graph_module.graph.erase_node(node)
+    return True
+
+
 @register_fx_node_fix("executorch")
 def _fix_certain_bernoulli(graph_module, node) -> bool:
     """`bernoulli` is not in the Core ATen opset. With a probability of 0 or 1 it draws nothing at random: zeros or

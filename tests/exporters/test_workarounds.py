@@ -1761,6 +1761,54 @@ def test_executorch_keeps_a_cat_of_empty_tensors_of_a_symbolic_shape():
         exporter.export(model, {"states": states}, config)
 
 
+class _WindowOrdered(torch.nn.Module):
+    """MiniCPM-V's window merger: patches put in window order by the index its image sizes give, then read image by
+    image."""
+
+    def forward(self, hidden_states, target_sizes):
+        from transformers.models.minicpmv4_7 import modeling_minicpmv4_7 as minicpm
+
+        grid = torch.nn.functional.pad(target_sizes, (1, 0), value=1)
+        window_index, _ = minicpm.get_vision_window_index(grid, 1, 2, 1)
+        ordered = hidden_states[:, window_index] * 2
+        first = int(target_sizes[0].prod())
+        return ordered[:, :first], ordered[:, first:]
+
+
+def test_a_static_export_computes_the_window_order_of_its_baked_image_sizes():
+    model = _WindowOrdered().eval()
+    inputs = {"hidden_states": torch.randn(1, 24, 4), "target_sizes": torch.tensor([[4, 4], [2, 4]])}
+    exporter, config = exporters.exporter_for("executorch")
+    exported = exporter.export(model, inputs, config)
+    assert "_patch_whole_windows_at_once" in exported.applied
+    for got, want in zip(exported(**inputs).values(), model(**inputs), strict=True):
+        assert torch.equal(got, want)
+    with disabled_workarounds("_patch_whole_windows_at_once"), pytest.raises(exporters.ExportError, match="data-dep"):
+        exporter.export(model, inputs, config)  # traced, the order's boolean indexing leaves lengths unknown
+
+
+class _EmptyCacheExtended(torch.nn.Module):
+    """A value cache that starts as a 1-D tensor of no elements, extended by a step's values of zero width
+    (MistralLarge 4's layers without rope)."""
+
+    def forward(self, states):
+        values = states[..., :0].unsqueeze(1)
+        return states * 2, torch.cat([torch.tensor([]), values], dim=-2)
+
+
+def test_executorch_keeps_the_length_of_a_concatenation_of_empty_tensors():
+    model, states = _EmptyCacheExtended().eval(), torch.randn(2, 5, 4)
+    exporter, config = exporters.exporter_for("executorch", dynamic=True)
+    exported = exporter.export(model, {"states": states}, config)
+    assert "_fix_empty_cat_as_its_tensor" in exported.applied
+    other = torch.randn(3, 7, 4)
+    got = list(exported(states=other).values())
+    assert [tuple(tensor.shape) for tensor in got] == [(3, 7, 4), (3, 1, 7, 0)]
+    with disabled_workarounds("_fix_empty_cat_as_its_tensor"):
+        exported = exporter.export(model, {"states": states}, config)
+        assert tuple(list(exported(states=other).values())[1].shape) == (3, 1, 0, 0)  # the runtime's length
+
+
 class _RelativeShift(torch.nn.Module):
     """XLNet's relative shift: scores against twice as many relative positions, shifted by one through a reshape,
     whose sizes interval arithmetic bounds far above their largest values."""
