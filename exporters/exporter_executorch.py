@@ -811,16 +811,39 @@ def _fix_max_for_xnnpack(graph_module, node) -> bool:
     if rank != 4:
         node.args = (source, axis, *rest)
         return dim != axis
-    graph = graph_module.graph
-    widened = _call_after(graph, source, torch.ops.aten.unsqueeze.default, 0, after=node.prev)
-    node.args = (widened, axis + 1, *rest)
-    node.meta["val"] = torch.ops.aten.max.dim(widened.meta["val"], axis + 1, *rest)
-    for output in list(node.users):  # getitem 0 (values) and 1 (indices)
-        output.meta["val"] = node.meta["val"][output.args[1]]
+    _widen_by_a_leading_axis(graph_module.graph, node, axis + 1, *rest)
+    return True
+
+
+def _widen_by_a_leading_axis(graph, node, *args) -> None:
+    """``node`` called as ``node.target(input, *args)`` on its input with a leading axis of one, which each of its
+    outputs (one tensor, or a tuple read by `getitem`) drops again."""
+    widened = _call_after(graph, node.args[0], torch.ops.aten.unsqueeze.default, 0, after=node.prev)
+    node.args = (widened, *args)
+    node.meta["val"] = node.target(widened.meta["val"], *args, **node.kwargs)
+    if isinstance(node.meta["val"], torch.Tensor):
+        outputs = [node]
+    else:
+        outputs = list(node.users)
+        for output in outputs:
+            output.meta["val"] = node.meta["val"][output.args[1]]
+    for output in outputs:
         consumers = list(output.users)
         narrowed = _call_after(graph, output, torch.ops.aten.squeeze.dim, 0)
         for consumer in consumers:
             consumer.replace_input_with(output, narrowed)
+
+
+@register_fx_node_fix("executorch")
+def _fix_unbatched_pool_for_xnnpack(graph_module, node) -> bool:
+    """A 2-D max pool of an unbatched (channels, height, width) input: XNNPACK's partitioner takes it, and its
+    channels-last pass, which needs a batch axis, refuses it ("Attempting to convert non-NHWC compatible node to
+    NHWC"; SuperPoint's non-maximum suppression pools its score maps so). The input gains a batch of one."""
+    if node.op != "call_function" or node.target is not torch.ops.aten.max_pool2d.default:
+        return False
+    if node.args[0].meta["val"].dim() != 3:
+        return False
+    _widen_by_a_leading_axis(graph_module.graph, node, *node.args[1:])
     return True
 
 
@@ -956,6 +979,35 @@ def _fix_empty_cat_as_its_tensor(graph_module, node) -> bool:
         return False
     node.replace_all_uses_with(kept[0])
     graph_module.graph.erase_node(node)
+    return True
+
+
+@register_fx_node_fix("executorch")
+def _fix_integer_remainder_sign(graph_module, node) -> bool:
+    """The runtime's integer `remainder` keeps the dividend's sign, as C's `%` does (-1 % 4 gives -1, eager 3):
+    EfficientLoFTR places an unmatched keypoint, index -1, a whole image width to the left. Where the remainder
+    and the divisor differ in sign, adding the divisor gives the floored one."""
+    aten = torch.ops.aten
+    if node.op != "call_function" or node.target not in (aten.remainder.Tensor, aten.remainder.Scalar):
+        return False
+    value, divisor = node.meta.get("val"), node.args[1]
+    if value is None or value.dtype.is_floating_point or value.dtype == torch.bool:
+        return False
+    graph, users = graph_module.graph, list(node.users)
+    if isinstance(divisor, torch.fx.Node):
+        nonzero = _call_after(graph, node, aten.ne.Scalar, 0)
+        signs_differ = _call_after(graph, _call_after(graph, node, aten.lt.Scalar, 0, after=nonzero), aten.ne.Tensor,
+                                   _call_after(graph, divisor, aten.lt.Scalar, 0, after=nonzero))
+        to_shift = _call_after(graph, nonzero, aten.logical_and.default, signs_differ, after=signs_differ)
+        shifted = _call_after(graph, node, aten.add.Tensor, divisor, after=to_shift)
+    elif divisor != 0:
+        to_shift = _call_after(graph, node, aten.lt.Scalar if divisor > 0 else aten.gt.Scalar, 0)
+        shifted = _call_after(graph, node, aten.add.Scalar, divisor, after=to_shift)
+    else:
+        return False
+    floored = _call_after(graph, to_shift, aten.where.self, shifted, node, after=shifted)
+    for user in users:
+        user.replace_input_with(node, floored)
     return True
 
 

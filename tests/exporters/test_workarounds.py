@@ -1556,6 +1556,13 @@ class _TokenPReLU(torch.nn.Module):
         return self.activation(tokens)
 
 
+class _UnbatchedNonMaximumSuppression(torch.nn.Module):
+    """SuperPoint's non-maximum suppression: a max pool of its (images, height, width) score maps."""
+
+    def forward(self, scores):
+        return torch.nn.functional.max_pool2d(scores, kernel_size=3, stride=1, padding=1) == scores
+
+
 class _EvalModeDropout(torch.nn.Module):
     """SpeechT5's decoder prenet draws its dropout mask in eval mode too, here with a probability of 0."""
 
@@ -1594,6 +1601,8 @@ MODULE_CASES = [  # (backend, module, inputs, workaround, error without it)
     ("onnx", _ShuffledRows, {"rows": torch.randn(5, 3)}, "_aten_randperm", "No ONNX function found for .*randperm"),
     ("executorch", _TokenPReLU, {"tokens": torch.randn(2, 5, 8)},
      "_fix_prelu_for_xnnpack", "ChannelsLastTaggedReshapePass"),
+    ("executorch", _UnbatchedNonMaximumSuppression, {"scores": torch.randn(2, 8, 8)},
+     "_fix_unbatched_pool_for_xnnpack", "ChannelsLastTaggedReshapePass"),
     ("executorch", _EvalModeDropout, {"embeddings": torch.randn(2, 3, 4)},
      "_fix_certain_bernoulli", "bernoulli.p is not in Core ATen"),
     ("executorch", _PickedColumns, {"x": torch.randn(2, 5, 8), "keep": torch.tensor([True, False, True, True, False])},
@@ -1807,6 +1816,27 @@ def test_executorch_keeps_the_length_of_a_concatenation_of_empty_tensors():
     with disabled_workarounds("_fix_empty_cat_as_its_tensor"):
         exported = exporter.export(model, {"states": states}, config)
         assert tuple(list(exported(states=other).values())[1].shape) == (3, 1, 0, 0)  # the runtime's length
+
+
+class _KeypointPlaces(torch.nn.Module):
+    """EfficientLoFTR's coarse keypoints: a matched index (-1 when unmatched) split into column and row, by a
+    width that is a tensor, a constant, and a negative divisor."""
+
+    def forward(self, matched):
+        width = torch.tensor(4)
+        return torch.stack([matched % width, matched // width, matched % 4, matched % -3, matched % (width - 7)])
+
+
+def test_executorch_integer_remainder_takes_the_sign_of_the_divisor():
+    model, matched = _KeypointPlaces().eval(), torch.tensor([[-1, 3, 5, -6, 0, -8]])
+    exporter, config = exporters.exporter_for("executorch")
+    exported = exporter.export(model, {"matched": matched}, config)
+    assert "_fix_integer_remainder_sign" in exported.applied
+    (got,) = exported(matched=matched).values()
+    assert torch.equal(got, model(matched))
+    with disabled_workarounds("_fix_integer_remainder_sign"):
+        (got,) = exporter.export(model, {"matched": matched}, config)(matched=matched).values()
+        assert got[0].tolist() == [[-1, 3, 1, -2, 0, 0]]  # the dividend's sign, as C's `%`
 
 
 class _RelativeShift(torch.nn.Module):
