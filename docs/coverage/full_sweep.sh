@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The coverage campaign's full sweep: every class x every backend x static,dynamic, in 10 shards run one after
+# another at one pinned commit (sweep/SHA), niced. It takes about a day on 2 cores, longer than a machine is kept,
+# so the shards' records are archived beside this file and committed: a fresh machine resumes where they stop.
+#
+#   bash docs/coverage/full_sweep.sh run     # restore the archives, then run or resume each unfinished shard
+#   bash docs/coverage/full_sweep.sh save    # archive every shard run so far into docs/coverage/sweep/ (commit it)
+#   bash docs/coverage/full_sweep.sh report  # all shards done: merge them and write the dashboard and summary.md
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+main=$(cd "$here/../.." && pwd)
+archives=$here/sweep
+sha=$(cat "$archives/SHA")
+tree=$(dirname "$main")/sweep_${sha:0:7}
+runs=$main/runs/full
+shards=10
+
+restore() {
+    mkdir -p "$runs"
+    for archive in "$archives"/shard-*.tar.gz; do
+        [ -e "$archive" ] || continue
+        name=$(basename "$archive" .tar.gz)
+        # a local folder is the same run with at least as many cells: keep it
+        [ -d "$runs/$name" ] || tar -xzf "$archive" -C "$runs"
+    done
+    [ -d "$tree" ] || git -C "$main" worktree add --detach "$tree" "$sha"
+}
+
+finished() {  # the shard's run.json has its end time
+    "$main/.venv/bin/python" - "$1/run.json" <<'EOF'
+import json, sys
+try:
+    sys.exit(0 if json.load(open(sys.argv[1])).get("finished_at") else 1)
+except FileNotFoundError:
+    sys.exit(1)
+EOF
+}
+
+case "${1:-}" in
+run)
+    restore
+    for i in $(seq 1 $shards); do
+        out=$runs/shard-$i
+        finished "$out" && continue
+        echo "$(date -u +%FT%TZ) shard $i/$shards"
+        (cd "$tree" && nice -n 19 "$main/.venv/bin/python" -m harness.cli run --models all --shard "$i/$shards" \
+            --backends dynamo,onnx,executorch --shapes static,dynamic --jobs 2 --no-cache --resume --no-report \
+            --out "$out") || echo "shard $i exited $?: its records stay, run again to resume it"
+    done
+    ;;
+save)
+    for out in "$runs"/shard-*; do
+        [ -d "$out/cells" ] || continue
+        # byte-stable archives: a shard that did not move leaves git nothing to commit
+        tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C "$runs" -cf - "$(basename "$out")" \
+            | gzip -n -9 > "$archives/$(basename "$out").tar.gz"
+        echo "$(basename "$out"): $(ls "$out/cells" | wc -l) cells"
+    done
+    ;;
+report)
+    restore
+    for i in $(seq 1 $shards); do
+        finished "$runs/shard-$i" || { echo "shard $i/$shards is not finished" >&2; exit 1; }
+    done
+    rm -rf "$runs/merged"
+    "$main/.venv/bin/export-sweep" merge "$runs/merged" "$runs"/shard-*
+    "$main/.venv/bin/export-sweep" report "$runs/merged"
+    cp "$runs/merged/site/summary.md" "$here/summary.md"
+    ;;
+*)
+    sed -n "2,8s/^# \{0,1\}//p" "$0" >&2
+    exit 2
+    ;;
+esac
