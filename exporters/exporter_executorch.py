@@ -634,27 +634,28 @@ def _patch_guards_left_unprinted(original):
 
 
 @register_patch("executorch", "executorch.exir.tensor.TensorSpec.from_tensor", reports=True)
-def _patch_unit_axes_without_say_in_dim_order(original):
-    """An axis of size one has no say in the layout, yet ExecuTorch orders axes by their strides alone: `nonzero`'s
-    [count, 1] result, strided like a transposed tensor, gets the dim order (1, 0), and the portable kernels that
-    take it next (squeeze, select, slice) refuse an input whose dim order differs from their output's ("different
-    dim orders", 0x12 at run time). Below four axes ExecuTorch has no other order than the contiguous one (channels
-    last needs four): a tensor laid out contiguously but for its unit axes gets contiguous strides."""
-    from executorch.exir.tensor import contiguous_stride_from_shape, dim_order_from_stride
-    from torch.fx.experimental.symbolic_shapes import guard_or_false, guard_or_true
+def _patch_contiguous_order_below_four_axes(original):
+    """ExecuTorch orders a tensor's axes by sorting its strides, yet below four axes it has no order but the
+    contiguous one (channels last needs four), and its kernels write their outputs so. `nonzero`'s [count, rank]
+    result is strided like a transposed tensor, as in eager: for a vector ([count, 1]) that gave the dim order
+    (1, 0), which the portable kernels that take it next (squeeze, select, slice) refuse ("different dim orders",
+    0x12 at run time); for a matrix with an unknown count the strides cannot even be sorted ("Could not guard on
+    data-dependent expression", SuperPoint's keypoints). Such tensors get contiguous strides."""
+    from executorch.exir.tensor import contiguous_stride_from_shape
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
     def from_tensor(cls, tensor, const=False):
-        spec = original(tensor, const)
-        if len(spec.shape) > 3:
-            return spec
-        contiguous = contiguous_stride_from_shape(spec.shape)
-        unit = [isinstance(size, int) and size == 1 for size in spec.shape]
-        if not any(guard_or_true(have != want) for have, want, one in zip(spec.stride, contiguous, unit) if one):
-            return spec
-        if all(guard_or_false(have == want) for have, want, one in zip(spec.stride, contiguous, unit) if not one):
+        if const or tensor.dim() > 3:
+            return original(tensor, const)
+        contiguous_order = tuple(range(tensor.dim()))
+        try:
+            spec = original(tensor, const)
+        except GuardOnDataDependentSymNode:
+            spec = cls(dtype=tensor.dtype, shape=tensor.shape, layout=tensor.layout, is_sparse=tensor.is_sparse)
+            spec.requires_grad, spec.storage, spec.dim_order = tensor.requires_grad, None, None
+        if tuple(spec.dim_order or ()) != contiguous_order:
             report_applied()
-            spec.stride = contiguous
-            spec.dim_order = dim_order_from_stride(contiguous)
+            spec.stride, spec.dim_order = contiguous_stride_from_shape(spec.shape), contiguous_order
         return spec
 
     return from_tensor
@@ -979,6 +980,26 @@ def _fix_empty_cat_as_its_tensor(graph_module, node) -> bool:
         return False
     node.replace_all_uses_with(kept[0])
     graph_module.graph.erase_node(node)
+    return True
+
+
+@register_fx_node_fix("executorch")
+def _fix_nonzero_laid_out_by_rows(graph_module, node) -> bool:
+    """`nonzero` of a matrix or more gives [count, rank] strided like a transposed tensor, as eager does, while the
+    runtime's kernel writes it row by row. The strides spread to the ops that read it, and ExecuTorch turns strides
+    into dim orders: (1, 0) has no memory format ("Failed to map a given dim_order", SuperPoint's keypoints). A
+    contiguous copy follows it, and only its own spec is left to lay out by rows."""
+    if node.op != "call_function" or node.target is not torch.ops.aten.nonzero.default:
+        return False
+    if node.meta["val"].shape[1] < 2:
+        return False
+    users = list(node.users)
+    with graph_module.graph.inserting_after(node):
+        copy = graph_module.graph.call_function(
+            torch.ops.aten.clone.default, (node,), {"memory_format": torch.contiguous_format})
+    copy.meta["val"] = torch.ops.aten.clone.default(node.meta["val"], memory_format=torch.contiguous_format)
+    for user in users:
+        user.replace_input_with(node, copy)
     return True
 
 

@@ -1713,13 +1713,37 @@ def test_executorch_runs_kernels_on_the_nonzero_of_a_vector():
     other = torch.tensor([[1.0, -1.0, 2.0, 5.0], [3.0, -2.0, 1.0, -4.0], [1.0, 1.0, 1.0, 1.0]])
     exporter, config = exporters.exporter_for("executorch", dynamic=True)
     exported = exporter.export(model, {"scores": scores}, config)
-    assert "_patch_unit_axes_without_say_in_dim_order" in exported.applied
+    assert "_patch_contiguous_order_below_four_axes" in exported.applied
     for got, want in zip(exported(scores=other).values(), model(other), strict=True):
         assert torch.equal(got, want)
-    with disabled_workarounds("_patch_unit_axes_without_say_in_dim_order"):
+    with disabled_workarounds("_patch_contiguous_order_below_four_axes"):
         exported = exporter.export(model, {"scores": scores}, config)
         with pytest.raises(RuntimeError, match="0x12"):  # a portable kernel refuses the dim orders
             exported(scores=other)
+
+
+class _KeypointsAboveThreshold(torch.nn.Module):
+    """SuperPoint's keypoints: where the scores pass a threshold, as (x, y), and the scores there."""
+
+    def forward(self, scores):
+        places = (scores > 0.5).nonzero()
+        return places.flip(1).float(), scores[places[:, 0], places[:, 1]]
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_executorch_lays_out_the_nonzero_of_a_matrix_by_rows(dynamic):
+    torch.manual_seed(0)
+    model, scores, other = _KeypointsAboveThreshold().eval(), torch.rand(6, 5), torch.rand(6, 5)
+    exporter, config = exporters.exporter_for("executorch", dynamic=dynamic)
+    exported = exporter.export(model, {"scores": scores}, config)
+    assert {"_fix_nonzero_laid_out_by_rows", "_patch_contiguous_order_below_four_axes"} <= set(exported.applied)
+    for inputs in (scores, other):  # 12 and 14 keypoints
+        for got, want in zip(exported(scores=inputs).values(), model(inputs), strict=True):
+            assert torch.equal(got, want)
+    with disabled_workarounds("_fix_nonzero_laid_out_by_rows"), pytest.raises(Exception, match="Failed to map"):
+        exporter.export(model, {"scores": scores}, config)  # the dim order (1, 0) of its transposed strides
+    with disabled_workarounds("_patch_contiguous_order_below_four_axes"), pytest.raises(RuntimeError, match="0x12"):
+        exporter.export(model, {"scores": scores}, config)(scores=other)  # the copy read the rows as columns
 
 
 class _SpaceToDepth(torch.nn.Module):
