@@ -1015,17 +1015,23 @@ def _fix_integer_remainder_sign(graph_module, node) -> bool:
     if value is None or value.dtype.is_floating_point or value.dtype == torch.bool:
         return False
     graph, users = graph_module.graph, list(node.users)
-    if isinstance(divisor, torch.fx.Node):
+    divisor_value = divisor.meta["val"] if isinstance(divisor, torch.fx.Node) else divisor
+    if isinstance(divisor_value, torch.Tensor):
         nonzero = _call_after(graph, node, aten.ne.Scalar, 0)
         signs_differ = _call_after(graph, _call_after(graph, node, aten.lt.Scalar, 0, after=nonzero), aten.ne.Tensor,
                                    _call_after(graph, divisor, aten.lt.Scalar, 0, after=nonzero))
         to_shift = _call_after(graph, nonzero, aten.logical_and.default, signs_differ, after=signs_differ)
         shifted = _call_after(graph, node, aten.add.Tensor, divisor, after=to_shift)
-    elif divisor != 0:
-        to_shift = _call_after(graph, node, aten.lt.Scalar if divisor > 0 else aten.gt.Scalar, 0)
+    else:  # a number, or a size the program computes (Mistral 3's patch count // 4)
+        from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+        if guard_or_false(divisor_value > 0):
+            to_shift = _call_after(graph, node, aten.lt.Scalar, 0)
+        elif guard_or_false(divisor_value < 0):
+            to_shift = _call_after(graph, node, aten.gt.Scalar, 0)
+        else:
+            return False
         shifted = _call_after(graph, node, aten.add.Scalar, divisor, after=to_shift)
-    else:
-        return False
     floored = _call_after(graph, to_shift, aten.where.self, shifted, node, after=shifted)
     for user in users:
         user.replace_input_with(node, floored)

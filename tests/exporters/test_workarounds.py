@@ -1844,20 +1844,24 @@ def test_executorch_keeps_the_length_of_a_concatenation_of_empty_tensors():
 
 class _KeypointPlaces(torch.nn.Module):
     """EfficientLoFTR's coarse keypoints: a matched index (-1 when unmatched) split into column and row, by a
-    width that is a tensor, a constant, and a negative divisor."""
+    width that is a tensor, a constant, a negative divisor and a size (symbolic when exported dynamic)."""
 
     def forward(self, matched):
         width = torch.tensor(4)
-        return torch.stack([matched % width, matched // width, matched % 4, matched % -3, matched % (width - 7)])
+        return torch.stack([matched % width, matched // width, matched % 4, matched % -3, matched % (width - 7),
+                            matched % (matched.shape[-1] // 2)])
 
 
-def test_executorch_integer_remainder_takes_the_sign_of_the_divisor():
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_executorch_integer_remainder_takes_the_sign_of_the_divisor(dynamic):
     model, matched = _KeypointPlaces().eval(), torch.tensor([[-1, 3, 5, -6, 0, -8]])
-    exporter, config = exporters.exporter_for("executorch")
+    longer = torch.tensor([[-1, 3, 5, -6, 0, -8, 7, -3]])
+    exporter, config = exporters.exporter_for("executorch", dynamic=dynamic)
     exported = exporter.export(model, {"matched": matched}, config)
     assert "_fix_integer_remainder_sign" in exported.applied
-    (got,) = exported(matched=matched).values()
-    assert torch.equal(got, model(matched))
+    for inputs in (matched, longer) if dynamic else (matched,):
+        (got,) = exported(matched=inputs).values()
+        assert torch.equal(got, model(inputs))
     with disabled_workarounds("_fix_integer_remainder_sign"):
         (got,) = exporter.export(model, {"matched": matched}, config)(matched=matched).values()
         assert got[0].tolist() == [[-1, 3, 1, -2, 0, 0]]  # the dividend's sign, as C's `%`
