@@ -2031,17 +2031,17 @@ def test_superpoint_keypoints_at_once_are_eagers_image_by_image():
 
     model = _built_by_the_sweep("SuperPointForKeypointDetection").model
     with torch.no_grad():
-        model.keypoint_decoder.conv_score_b.weight.mul_(1e5)  # scores apart: a random tiny model ties them all
+        model.keypoint_decoder.conv_score_b.weight.mul_(10)  # scores apart, below saturation: no ties to break
     pixel_values = torch.randn(4, 3, 40, 48, generator=torch.Generator().manual_seed(0))
     counts = []
-    for most in (-1, 5, 35):
+    for most in (-1, 5, 28):
         model.keypoint_decoder.max_keypoints = most
         with torch.no_grad():
             by_image, at_once = model(pixel_values), _superpoint_keypoints_at_once(model, pixel_values)
         for name in ("keypoints", "scores", "descriptors", "mask"):
             torch.testing.assert_close(getattr(at_once, name), getattr(by_image, name), msg=name)
         counts.append(by_image.mask.sum(1).tolist())
-    assert counts[1] == [5] * 4 and min(counts[0]) < 35 < max(counts[0]), counts  # cut, and cut for some images
+    assert counts[1] == [5] * 4 and min(counts[0]) < 28 < max(counts[0]), counts  # cut, and cut for some images
     fixed = _fixed_axes_with_and_without("SuperPointForKeypointDetection",
                                          ["_patch_superpoint_keypoints_of_every_image_at_once"])
     assert "pixel_values axis 0 = 2 (second set: 3)" in fixed["_patch_superpoint_keypoints_of_every_image_at_once"]
