@@ -14,6 +14,8 @@ ExecuTorch is imported on first use: it costs seconds, and the other backends do
 
 from __future__ import annotations
 
+import collections
+import itertools
 import math
 import operator
 import sys
@@ -417,6 +419,84 @@ def _patch_xnnpack_rank_limit(original):
         return original(self, node, exported_program)
 
     return check_common_constraints
+
+
+@register_patch(
+    "executorch",
+    "executorch.exir.backend.canonical_partitioners.group_partitioner.GroupBasedPartitioner.propose_partitions",
+    reports=True,
+)
+def _patch_partitions_out_of_rings(original):
+    """XNNPACK's group partitioner merges any two partitions whose union no path leaves and re-enters, judged on the
+    graph's nodes, not on the partitions merged so far: each partition can pass and the partitions still feed one
+    another in a ring, which lowering cannot fuse ("Invalid partition, found dependency cycles"; FLAVA's
+    pretraining model). A partition in a ring is split where a path out of it comes back in."""
+    from torch.fx.passes.infra.partitioner import Partition
+
+    def propose_partitions(self):
+        partitions = original(self)
+        next_id = itertools.count(max((partition.id for partition in partitions), default=-1) + 1)
+        while ringed := _partitions_in_rings(partitions):
+            owner = {node: partition for partition in partitions for node in partition.nodes}
+            for partition in ringed:
+                reentered = _reentered_nodes(partition, owner)
+                # all of it only where another partition of the ring holds an earlier node: that one splits
+                if 0 < len(reentered) < sum(node.op != "placeholder" for node in partition.nodes):
+                    report_applied()
+                    for node in reentered:
+                        partition.remove_node(node)
+                    partitions.append(Partition(id=next(next_id), nodes=reentered))
+                    break
+            else:
+                raise AssertionError("a ring of partitions none of which a path re-enters")
+        return partitions
+
+    return propose_partitions
+
+
+def _partition_edges(partitions):
+    """The graph with each partition as one node: the users of each node or partition. Constants a partition holds
+    lead nowhere: the lowering copies them into every partition that reads them."""
+    owner = {node: id(partition) for partition in partitions for node in partition.nodes}
+    graph = next(iter(owner)).graph if owner else None
+    users = collections.defaultdict(set)
+    for node in graph.nodes if graph is not None else ():
+        if node.op != "placeholder":
+            source = owner.get(node, node)
+            users[source].update(owner.get(user, user) for user in node.users)
+            users[source].discard(source)
+    return users
+
+
+def _partitions_in_rings(partitions) -> list:
+    """The partitions on or past a cycle of the partition graph (what Kahn's order cannot reach), in order."""
+    users = _partition_edges(partitions)
+    waiting = collections.Counter(user for targets in users.values() for user in targets)
+    ready = [source for source in users if not waiting[source]]
+    while ready:
+        for user in users[ready.pop()]:
+            waiting[user] -= 1
+            if not waiting[user]:
+                ready.append(user)
+    return [partition for partition in partitions if waiting[id(partition)] > 0]
+
+
+def _reentered_nodes(partition, owner) -> list:
+    """The nodes of `partition` that a path leaving it reaches, through other nodes and whole other partitions."""
+    reached, expanded = set(), {id(partition)}
+    frontier = [user for node in partition.nodes if node.op != "placeholder" for user in node.users
+                if owner.get(user) is not partition]
+    while frontier:
+        node = frontier.pop()
+        if node in reached:
+            continue
+        reached.add(node)
+        frontier.extend(node.users)
+        other = owner.get(node)
+        if other is not None and id(other) not in expanded:  # a partition runs as one: all its outputs follow
+            expanded.add(id(other))
+            frontier.extend(user for member in other.nodes if member.op != "placeholder" for user in member.users)
+    return [node for node in partition.nodes if node in reached]
 
 
 @register_patch(

@@ -1651,6 +1651,39 @@ def test_executorch_computes_the_tanh_gelu_asked_for():
     torch.testing.assert_close(delegated, torch.nn.functional.gelu(x), atol=1e-6, rtol=1e-6)  # the exact form
 
 
+def _crossed_chains():
+    """Two chains, each a delegated node, a portable one and a delegated one; partitions that each take the start
+    of one chain and the end of the other are each convex, and feed one another in a ring."""
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    first_start = graph.call_function(torch.relu, (x,))
+    first_end = graph.call_function(torch.relu, (graph.call_function(torch.neg, (first_start,)),))
+    second_start = graph.call_function(torch.sigmoid, (x,))
+    second_end = graph.call_function(torch.sigmoid, (graph.call_function(torch.neg, (second_start,)),))
+    graph.output((first_end, second_end))
+    return torch.fx.GraphModule(torch.nn.Module(), graph), [[first_start, second_end], [second_start, first_end]]
+
+
+def test_executorch_splits_partitions_that_feed_one_another():
+    from torch.fx.passes.infra.partitioner import Partition
+    from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
+
+    from exporters.exporter_executorch import _patch_partitions_out_of_rings
+
+    x = torch.randn(3, 4)
+    module, ringed = _crossed_chains()
+    with pytest.raises(AssertionError, match="dependency cycles"):
+        fuse_by_partitions(module, [dict.fromkeys(nodes) for nodes in ringed])
+    module, ringed = _crossed_chains()
+    expected = module(x)
+    proposed = [Partition(id=number, nodes=nodes) for number, nodes in enumerate(ringed)]
+    partitions = _patch_partitions_out_of_rings(lambda partitioner: proposed)(None)
+    assert sorted(len(partition.nodes) for partition in partitions) == [1, 1, 2]  # one split where its chain returns
+    fused = fuse_by_partitions(module, [partition.nodes for partition in partitions])
+    for got, want in zip(fused(x), expected, strict=True):
+        assert torch.equal(got, want)
+
+
 class _BucketsModuloLength(torch.nn.Module):
     """Reformer's LSH attention takes its sorted positions modulo the (padded) sequence length."""
 
@@ -2229,3 +2262,33 @@ def test_omni_audio_chunks_on_a_grid_are_eagers_chunks(name):
         with segmented_attention(model, set()):  # as exported: a chunk past a sample's frames attends to nothing
             on_a_grid = _patch_omni_audio_chunks_on_a_grid(original)(model, features, masks)
     torch.testing.assert_close(on_a_grid.last_hidden_state, chunk_by_chunk.last_hidden_state)
+
+
+class _AudioFeatures(torch.nn.Module):
+    """A thinker's audio path alone: its features for frames and their mask."""
+
+    def __init__(self, thinker):
+        super().__init__()
+        self.thinker = thinker
+
+    def forward(self, input_features, feature_attention_mask):
+        return self.thinker.get_audio_features(input_features, feature_attention_mask).last_hidden_state
+
+
+def test_executorch_plans_memory_for_the_omni_audio_pairs():
+    """Qwen2.5-Omni averages its audio positions in pairs, counted from the data: bounded by the frames given."""
+    thinker = _built_by_the_sweep("Qwen2_5OmniThinkerModel").model
+    model, bins = _AudioFeatures(thinker).eval(), thinker.audio_tower.num_mel_bins
+
+    def inputs(lengths, frames):
+        return {"input_features": torch.randn(len(lengths), bins, frames),
+                "feature_attention_mask": (torch.arange(frames) < torch.tensor(lengths)[:, None]).long()}
+
+    exporter, config = exporters.exporter_for("executorch", dynamic=True)
+    exported = exporter.export(model, inputs([30, 17], 30), config)
+    assert "_patch_omni_audio_chunks_on_a_grid" in exported.applied
+    other = inputs([41, 9, 26], 41)
+    with torch.no_grad():
+        expected = model(**other)
+    (features,) = exported(**other).values()
+    torch.testing.assert_close(features, expected, atol=1e-3, rtol=1e-3)
