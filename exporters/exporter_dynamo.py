@@ -2784,7 +2784,11 @@ def _patch_omni_audio_chunks_on_a_grid(original):
         if not qwen3:  # Qwen2.5-Omni averages each sample's positions in pairs; eager slices `[:-1]` of the batch
             sample_positions = lengths_after_convolution(feature_lens, n_window)
             pairs = (sample_positions - 2) // 2 + 1
-            sample, pair = _places_in_parts(pairs, pairs.sum().item())
+            total = pairs.sum().item()
+            # at most every sample's frames kept: a bound ExecuTorch can plan memory for
+            samples, frames = feature_attention_mask.shape
+            torch._check(total <= samples * (((frames - 1) // 2 + 1 - 2) // 2 + 1))
+            sample, pair = _places_in_parts(pairs, total)
             kwargs["pool_indices"] = _starts(sample_positions)[sample] + 2 * pair
         return self.audio_tower(
             None, feature_lens=feature_lens, padded_feature=padded_feature, chunk_lengths=chunk_lengths,
