@@ -423,6 +423,26 @@ def _patch_xnnpack_rank_limit(original):
 
 @register_patch(
     "executorch",
+    "executorch.backends.xnnpack.partition.config.generic_node_configs.CloneDimOrderConfig.check_constraints",
+    reports=True,
+)
+def _patch_xnnpack_copies_of_shared_values(original):
+    """XNNPACK takes a copy that keeps the layout, then removes it from its partition as a no-op: where the value it
+    copies leaves the partition too (RecurrentGemma's convolution output, transposed for the scan and kept as the
+    cache state), the partition returns that value twice, which XNNPACK refuses ("Output node ... is already in
+    the inputs"). A copy of a value read elsewhere stays on the portable kernels."""
+
+    def check_constraints(self, node, exported_program):
+        if len(node.args[0].users) > 1:
+            report_applied()
+            return False
+        return original(self, node, exported_program)
+
+    return check_constraints
+
+
+@register_patch(
+    "executorch",
     "executorch.exir.backend.canonical_partitioners.group_partitioner.GroupBasedPartitioner.propose_partitions",
     reports=True,
 )

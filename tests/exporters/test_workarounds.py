@@ -1245,6 +1245,14 @@ class _InvertedMask(torch.nn.Module):
         return 1.0 - attention_mask
 
 
+class _TransposedAndItsCopy(torch.nn.Module):
+    """RecurrentGemma's convolution output: transposed, and a contiguous copy of it taken as well."""
+
+    def forward(self, x):
+        transposed = (x * 2).transpose(1, 2)
+        return transposed, transposed.contiguous()
+
+
 class _AttentionSinkMax(torch.nn.Module):
     """GPT-OSS's attention sinks: scores shifted by their maximum over the last axis, counted from the end."""
 
@@ -1585,6 +1593,8 @@ MODULE_CASES = [  # (backend, module, inputs, workaround, error without it)
      "_fix_max_for_xnnpack", "amax.default only supports dim == 2 or dim == 3"),
     ("executorch", _StridePool, {"tokens": torch.randn(2, 16, 8)},
      "_fix_max_for_xnnpack", "amax.default only supports"),
+    ("executorch", _TransposedAndItsCopy, {"x": torch.randn(2, 3, 4)},
+     "_patch_xnnpack_copies_of_shared_values", "is already in the inputs"),
     ("onnx", _PatchIndexPerImage, {"patches": torch.randn(5, 3), "patches_per_image": torch.tensor([2, 3])},
      "_aten_sym_numel", "No ONNX function found for .*sym_numel"),
     ("executorch", _PatchIndexPerImage, {"patches": torch.randn(5, 3), "patches_per_image": torch.tensor([2, 3])},
