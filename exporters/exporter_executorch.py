@@ -355,6 +355,18 @@ def _dynamic_axes(node) -> int:
     return sum(bool(free_symbols(size)) for size in value.shape) if isinstance(value, torch.Tensor) else 0
 
 
+def _xnnpack_check_refusing(original, refuses):
+    """An XNNPACK config's node check that also refuses the nodes `refuses` picks: they stay on the portable kernels."""
+
+    def check(self, node, exported_program):
+        if refuses(node):
+            report_applied()
+            return False
+        return original(self, node, exported_program)
+
+    return check
+
+
 @register_patch(
     "executorch",
     "executorch.backends.xnnpack.partition.config.gemm_configs.ConvolutionConfig.check_constraints",
@@ -368,16 +380,13 @@ def _patch_xnnpack_reshape_dynamic_axes(original):
     feature encoder, Parakeet's convolution module, with dynamic batch and audio length). Such nodes stay on the
     portable kernels instead. The reshape's one-dynamic-dimension limit: https://github.com/pytorch/executorch/pull/2976"""
 
-    def check_constraints(self, node, exported_program):
+    def reshapes_two_dynamic_axes(node):
         source = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else node
         unsqueeze = "unsqueeze" in str(node.target)
         is_1d = len(getattr(source.meta.get("val"), "shape", ())) == 3
-        if (unsqueeze or is_1d) and max(_dynamic_axes(source), _dynamic_axes(node)) > 1:
-            report_applied()
-            return False
-        return original(self, node, exported_program)
+        return (unsqueeze or is_1d) and max(_dynamic_axes(source), _dynamic_axes(node)) > 1
 
-    return check_constraints
+    return _xnnpack_check_refusing(original, reshapes_two_dynamic_axes)
 
 
 @register_patch(
@@ -389,14 +398,10 @@ def _patch_xnnpack_exact_gelu_only(original):
     1.5.1: https://github.com/pytorch/executorch/pull/22851); through TIPSv2's DPT head the 5e-4 difference grew to
     0.075. A tanh GELU stays on the portable kernel, which computes the tanh form."""
 
-    def check_constraints(self, node, exported_program):
-        approximate = node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none")
-        if approximate != "none":
-            report_applied()
-            return False
-        return original(self, node, exported_program)
+    def approximate(node):
+        return node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none") != "none"
 
-    return check_constraints
+    return _xnnpack_check_refusing(original, approximate)
 
 
 @register_patch(
@@ -410,15 +415,12 @@ def _patch_xnnpack_rank_limit(original):
     node that reads or writes a tensor past that rank stays on the portable kernels."""
     from executorch.backends.xnnpack.utils.xnnpack_constants import XNN_MAX_TENSOR_DIMS
 
-    def check_common_constraints(self, node, exported_program):
+    def past_the_rank_limit(node):
         values = [node.meta.get("val"), *(arg.meta.get("val") for arg in node.all_input_nodes)]
-        if any(isinstance(value, torch.Tensor) and value.dim() > XNN_MAX_TENSOR_DIMS
-               for value in torch.utils._pytree.tree_leaves(values)):
-            report_applied()
-            return False
-        return original(self, node, exported_program)
+        return any(isinstance(value, torch.Tensor) and value.dim() > XNN_MAX_TENSOR_DIMS
+                   for value in torch.utils._pytree.tree_leaves(values))
 
-    return check_common_constraints
+    return _xnnpack_check_refusing(original, past_the_rank_limit)
 
 
 @register_patch(
@@ -428,17 +430,11 @@ def _patch_xnnpack_rank_limit(original):
 )
 def _patch_xnnpack_copies_of_shared_values(original):
     """XNNPACK takes a copy that keeps the layout, then removes it from its partition as a no-op: where the value it
-    copies leaves the partition too (RecurrentGemma's convolution output, transposed for the scan and kept as the
-    cache state), the partition returns that value twice, which XNNPACK refuses ("Output node ... is already in
-    the inputs"). A copy of a value read elsewhere stays on the portable kernels."""
+    copies leaves the partition too (RecurrentGemma's convolution output, transposed for its scan), the partition
+    returns that value twice, which XNNPACK refuses ("Output node ... is already in the inputs"). A copy of a value
+    read elsewhere stays on the portable kernels."""
 
-    def check_constraints(self, node, exported_program):
-        if len(node.args[0].users) > 1:
-            report_applied()
-            return False
-        return original(self, node, exported_program)
-
-    return check_constraints
+    return _xnnpack_check_refusing(original, lambda node: len(node.args[0].users) > 1)
 
 
 @register_patch(
