@@ -2782,12 +2782,15 @@ def _patch_omni_audio_chunks_on_a_grid(original):
         valid = positions < lengths_after_convolution(chunk_lengths, n_window)[:, None]
         feature_lens = feature_attention_mask.sum(1)
         if not qwen3:  # Qwen2.5-Omni averages each sample's positions in pairs; eager slices `[:-1]` of the batch
-            sample_positions = lengths_after_convolution(feature_lens, n_window)
-            pairs = (sample_positions - 2) // 2 + 1
+            def pairs_of(frames):
+                return (lengths_after_convolution(frames, n_window) - 2) // 2 + 1
+
+            pairs = pairs_of(feature_lens)
             total = pairs.sum().item()
             # at most every sample's frames kept: a bound ExecuTorch can plan memory for
             samples, frames = feature_attention_mask.shape
-            torch._check(total <= samples * (((frames - 1) // 2 + 1 - 2) // 2 + 1))
+            torch._check(total <= samples * pairs_of(frames))
+            sample_positions = lengths_after_convolution(feature_lens, n_window)
             sample, pair = _places_in_parts(pairs, total)
             kwargs["pool_indices"] = _starts(sample_positions)[sample] + 2 * pair
         return self.audio_tower(

@@ -452,8 +452,11 @@ def _patch_partitions_out_of_rings(original):
     def propose_partitions(self):
         partitions = original(self)
         next_id = itertools.count(max((partition.id for partition in partitions), default=-1) + 1)
-        while ringed := _partitions_in_rings(partitions):
+        while True:
             owner = {node: partition for partition in partitions for node in partition.nodes}
+            ringed = _partitions_in_rings(partitions, owner)
+            if not ringed:
+                return partitions
             for partition in ringed:
                 reentered = _reentered_nodes(partition, owner)
                 # all of it only where another partition of the ring holds an earlier node: that one splits
@@ -465,18 +468,15 @@ def _patch_partitions_out_of_rings(original):
                     break
             else:
                 raise AssertionError("a ring of partitions none of which a path re-enters")
-        return partitions
 
     return propose_partitions
 
 
-def _partition_edges(partitions):
-    """The graph with each partition as one node: the users of each node or partition. Constants a partition holds
-    lead nowhere: the lowering copies them into every partition that reads them."""
-    owner = {node: id(partition) for partition in partitions for node in partition.nodes}
-    graph = next(iter(owner)).graph if owner else None
+def _partition_edges(owner):
+    """The graph with each partition (`owner` maps its nodes to it) as one node: the users of each node or
+    partition. Constants a partition holds lead nowhere: the lowering copies them into every partition reading them."""
     users = collections.defaultdict(set)
-    for node in graph.nodes if graph is not None else ():
+    for node in next(iter(owner)).graph.nodes if owner else ():
         if node.op != "placeholder":
             source = owner.get(node, node)
             users[source].update(owner.get(user, user) for user in node.users)
@@ -484,9 +484,9 @@ def _partition_edges(partitions):
     return users
 
 
-def _partitions_in_rings(partitions) -> list:
+def _partitions_in_rings(partitions, owner) -> list:
     """The partitions on or past a cycle of the partition graph (what Kahn's order cannot reach), in order."""
-    users = _partition_edges(partitions)
+    users = _partition_edges(owner)
     waiting = collections.Counter(user for targets in users.values() for user in targets)
     ready = [source for source in users if not waiting[source]]
     while ready:
@@ -494,12 +494,12 @@ def _partitions_in_rings(partitions) -> list:
             waiting[user] -= 1
             if not waiting[user]:
                 ready.append(user)
-    return [partition for partition in partitions if waiting[id(partition)] > 0]
+    return [partition for partition in partitions if waiting[partition] > 0]
 
 
 def _reentered_nodes(partition, owner) -> list:
     """The nodes of `partition` that a path leaving it reaches, through other nodes and whole other partitions."""
-    reached, expanded = set(), {id(partition)}
+    reached, expanded = set(), {partition}
     frontier = [user for node in partition.nodes if node.op != "placeholder" for user in node.users
                 if owner.get(user) is not partition]
     while frontier:
@@ -509,8 +509,8 @@ def _reentered_nodes(partition, owner) -> list:
         reached.add(node)
         frontier.extend(node.users)
         other = owner.get(node)
-        if other is not None and id(other) not in expanded:  # a partition runs as one: all its outputs follow
-            expanded.add(id(other))
+        if other is not None and other not in expanded:  # a partition runs as one: all its outputs follow
+            expanded.add(other)
             frontier.extend(user for member in other.nodes if member.op != "placeholder" for user in member.users)
     return [node for node in partition.nodes if node in reached]
 
