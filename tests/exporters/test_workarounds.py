@@ -2301,4 +2301,4 @@ def test_executorch_plans_memory_for_the_omni_audio_pairs():
     with torch.no_grad():
         expected = model(**other)
     (features,) = exported(**other).values()
-    torch.testing.assert_close(features, expected, atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(features, expected, atol=TOLERANCE["executorch"], rtol=TOLERANCE["executorch"])
