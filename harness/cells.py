@@ -123,8 +123,13 @@ class ClassContext:
     def _build(self):
         import torch
 
-        torch.manual_seed(self.seed)
         model_class = self.model_class.load()
+        if model_class.forward is torch.nn.Module.forward:
+            raise StageFailure(
+                "unavailable", f"{model_class.__name__} has no forward of its own (it only generates, through its "
+                "parts): there is no graph to export, its parts are swept as classes of their own", "NoForward",
+            )  # fmt: skip
+        torch.manual_seed(self.seed)
         self.model = model_class(self.config).eval()
         _wake_zero_weights(self.model)
 

@@ -391,3 +391,10 @@ def test_audio_features_are_fed_contiguous():
     assert context.ok, context.stages[-1].message
     for label in ("A", "B"):
         assert context.inputs[label]["input_features"].is_contiguous()
+
+
+def test_a_class_without_a_forward_of_its_own_is_unavailable_not_failed():
+    context = ClassContext(select("Qwen3OmniMoeForConditionalGeneration")[0]).prepare()
+    build = context.stages[-1]
+    assert (build.name, build.status, build.error_type) == ("build", "unavailable", "NoForward")
+    assert "no forward of its own" in build.message
