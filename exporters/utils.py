@@ -34,7 +34,9 @@ BACKENDS = ("dynamo", "onnx", "executorch")
 
 
 # Patches on these are exporter internals: installed for the conversion, not for the model's trace.
-BACKEND_INTERNAL_PREFIXES = ("torch.onnx.", "torch._export.", "torch.export.", "onnxscript.", "onnx_ir.", "executorch.")
+BACKEND_INTERNAL_PREFIXES = (
+    "torch.onnx.", "torch._export.", "torch.export.", "torch.fx.traceback.", "onnxscript.", "onnx_ir.", "executorch.",
+)  # fmt: skip
 
 
 def is_backend_internal(path: str) -> bool:

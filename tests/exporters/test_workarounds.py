@@ -9,7 +9,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 import exporters
-from exporters.utils import disabled_workarounds, split_inputs
+from exporters.utils import apply_patches, disabled_workarounds, split_inputs
 
 from .conftest import TOLERANCE, assert_parity
 
@@ -1029,7 +1029,6 @@ def test_eomt_mask_annealing_is_read_as_the_numbers_its_buffer_holds(monkeypatch
 
 
 def test_vilt_patches_kept_in_place_answer_like_eager_for_images_of_other_extents():
-    from exporters.utils import apply_patches
 
     context = _built_by_the_sweep("ViltForQuestionAnswering")
     torch.nn.init.normal_(context.model.vilt.embeddings.position_embeddings)  # positions that move the pooled state
@@ -1956,6 +1955,28 @@ def test_executorch_lowers_without_printing_the_guards_of_each_partition():
     other = torch.randn(3, 7, 4)
     (got,) = exported(tokens=other).values()
     torch.testing.assert_close(got, model(other), atol=1e-5, rtol=1e-5)
+
+
+def test_executorch_node_histories_are_shared_not_copied():
+    from torch.fx.traceback import NodeSource
+
+    from exporters.exporter_executorch import _patch_node_history_shared  # registers it
+
+    graph = torch.fx.Graph()
+    node = graph.placeholder("tokens")
+    node.meta["from_node"] = [NodeSource(None, "an earlier pass")]
+    with apply_patches("executorch", select=lambda path: path.endswith("NodeSource.__init__")):
+        assert NodeSource.__init__.__qualname__.startswith(_patch_node_history_shared.__name__)
+        source = NodeSource(node, "a later pass")
+    assert source.from_node[0] is node.meta["from_node"][0], "the recorded history is shared"
+    assert source.from_node is not node.meta["from_node"], "the node's own list stays its own"
+    model = _GuardedProjection().eval()
+    exporter, config = exporters.exporter_for("executorch")
+    exported = exporter.export(model, {"tokens": torch.randn(2, 5, 4)}, config)
+    assert "_patch_node_history_shared" in exported.applied
+    tokens = torch.randn(2, 5, 4)
+    (got,) = exported(tokens=tokens).values()
+    torch.testing.assert_close(got, model(tokens), atol=1e-5, rtol=1e-5)
 
 
 def test_paddleocr_projector_blocks_gathered_are_eagers_image_by_image():
