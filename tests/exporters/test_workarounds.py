@@ -1029,7 +1029,6 @@ def test_eomt_mask_annealing_is_read_as_the_numbers_its_buffer_holds(monkeypatch
 
 
 def test_vilt_patches_kept_in_place_answer_like_eager_for_images_of_other_extents():
-
     context = _built_by_the_sweep("ViltForQuestionAnswering")
     torch.nn.init.normal_(context.model.vilt.embeddings.position_embeddings)  # positions that move the pooled state
     inputs = dict(context.inputs["A"])
