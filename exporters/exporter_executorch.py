@@ -779,14 +779,18 @@ def _patch_contiguous_order_below_four_axes(original):
 # An axis left unbounded by Dim.AUTO may grow to this many times its traced size (and at least to the floor).
 _DYNAMIC_GROWTH = 4
 _DYNAMIC_FLOOR = 32
+# A size read from data with nothing to bound it (a vocoder's frames, summed from predicted durations) has no
+# traced value to grow from: it is planned for at most this many.
+_DATA_DEPENDENT_CEILING = 4096
 
 
 @register_fx_program_fix("executorch")
 def _fix_unbounded_dynamic_axes(exported_program) -> bool:
-    """ExecuTorch plans memory for a dynamic axis' upper bound; an unbounded axis gets only its traced size.
+    """ExecuTorch plans memory for each size's upper bound and refuses an unbounded one ("Cannot evaluate a finite
+    upper bound"); an unbounded input axis would get only its traced size.
 
     Gives every unbounded symbol a finite bound, in both places ExecuTorch reads: the program's range constraints
-    and the shape environment's ranges.
+    and the shape environment's ranges. Past its bound, the runtime refuses to resize the tensor.
     """
     from torch.utils._sympy.numbers import IntInfinity
     from torch.utils._sympy.value_ranges import ValueRanges
@@ -803,13 +807,16 @@ def _fix_unbounded_dynamic_axes(exported_program) -> bool:
     changed = False
     for ranges in (exported_program.range_constraints, shape_env.var_to_range if shape_env else {}):
         for symbol, bounds in list(ranges.items()):
-            # only input axes (backed symbols, s0...): a data-dependent size (u0...) has no traced value to grow from
-            if not isinstance(bounds.upper, IntInfinity) or str(symbol).startswith("u"):
+            if not isinstance(bounds.upper, IntInfinity):
                 continue
-            traced = traced_sizes.get(symbol)
-            traced = int(traced) if traced is not None and traced.is_finite else 2
-            lower = bounds.lower if bounds.lower.is_finite else 0
-            ranges[symbol] = ValueRanges(lower, max(traced * _DYNAMIC_GROWTH, _DYNAMIC_FLOOR))
+            if str(symbol).startswith("u"):  # data-dependent (u0...), not an input axis (s0...)
+                ceiling = _DATA_DEPENDENT_CEILING if bounds.lower < _DATA_DEPENDENT_CEILING else bounds.lower
+                ranges[symbol] = ValueRanges(bounds.lower, ceiling)
+            else:
+                traced = traced_sizes.get(symbol)
+                traced = int(traced) if traced is not None and traced.is_finite else 2
+                lower = bounds.lower if bounds.lower.is_finite else 0
+                ranges[symbol] = ValueRanges(lower, max(traced * _DYNAMIC_GROWTH, _DYNAMIC_FLOOR))
             changed = True
     return changed
 

@@ -129,6 +129,30 @@ def test_executorch_dynamic_axes_get_an_upper_bound():
         unbounded(**longer)  # memory was planned for the traced size only
 
 
+class _RepeatedByCounts(torch.nn.Module):
+    """SeamlessM4T's vocoder: each unit repeated for its predicted duration, a length read from data."""
+
+    def forward(self, tokens, counts):
+        return tokens.repeat_interleave(counts, dim=0) * 2
+
+
+def test_executorch_data_dependent_sizes_get_an_upper_bound():
+    from exporters.exporter_executorch import _DATA_DEPENDENT_CEILING as ceiling
+
+    model, tokens = _RepeatedByCounts().eval(), torch.randn(3, 4)
+    traced = {"tokens": tokens, "counts": torch.tensor([1, 2, 3])}
+    exported = _export_module(model, traced, "executorch")
+    assert "_fix_unbounded_dynamic_axes" in exported.applied
+    for counts in ([5, 0, 9], [ceiling // 4, ceiling // 4, ceiling // 2]):  # past the traced total, up to the bound
+        _assert_runs_like_eager(exported, model, {"tokens": tokens, "counts": torch.tensor(counts)})
+    with pytest.raises(RuntimeError, match="execute"):  # past the bound the runtime refuses to resize
+        exported(tokens=tokens, counts=torch.tensor([ceiling // 2, ceiling // 2, 1]))
+    with disabled_workarounds("_fix_unbounded_dynamic_axes"):
+        with pytest.raises(exporters.ExecutorchExportError, match="finite upper bound") as failure:
+            _export_module(model, traced, "executorch")
+    assert failure.value.stage == "to-executorch"
+
+
 def test_executorch_python_symbolic_ops_reach_the_edge_dialect():
     model = _ExpertCapacity().eval()
     exported = _executorch_dynamic(model, TOKENS["A"])
