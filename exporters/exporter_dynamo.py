@@ -1099,23 +1099,34 @@ def _patch_llava_features_as_one_image(original):
     return forward
 
 
-def _bilinear_weights(sizes: torch.Tensor, positions: torch.Tensor, source: int, antialias: bool) -> torch.Tensor:
-    """The weights ``F.interpolate(mode="bilinear", align_corners=False)`` gives the ``source`` pixels of one axis
-    for output ``positions`` when resized to ``sizes`` (tensors of a shape): a triangle one pixel wide, or, antialiased,
-    as wide as the scale when shrinking; normalised, which clamps the edges as torch does. Zero outside the window."""
+def _keys_cubic(distance: torch.Tensor) -> torch.Tensor:
+    """Keys' cubic kernel with a = -0.5, the one torch's antialiased bicubic resize filters with."""
+    x = distance.abs()
+    near = (1.5 * x - 2.5) * x * x + 1
+    far = ((-0.5 * x + 2.5) * x - 4) * x + 2
+    return torch.where(x < 1, near, torch.where(x < 2, far, torch.zeros_like(x)))
+
+
+def _resize_weights(sizes: torch.Tensor, positions: torch.Tensor, source: int, antialias: bool,
+                    mode: str = "bilinear") -> torch.Tensor:
+    """The weights ``F.interpolate(mode=mode, align_corners=False)`` gives the ``source`` pixels of one axis for
+    output ``positions`` when resized to ``sizes`` (tensors of a shape): a triangle one pixel wide (bilinear) or Keys'
+    cubic two wide (bicubic, antialiased only), stretched by the scale when antialiased and shrinking; normalised,
+    which clamps the edges as torch does. Zero outside the window."""
     scale = source / sizes.to(torch.float32)
-    support = scale.clamp(min=1.0) if antialias else torch.ones_like(scale)
+    stretch = scale.clamp(min=1.0) if antialias else torch.ones_like(scale)
     center = scale * (positions.to(torch.float32) + 0.5)
     pixels = torch.arange(source, dtype=torch.float32, device=sizes.device)
-    weights = (1 - ((pixels - center[..., None] + 0.5) / support[..., None]).abs()).clamp(min=0)
+    distance = (pixels - center[..., None] + 0.5) / stretch[..., None]
+    weights = _keys_cubic(distance) if mode == "bicubic" else (1 - distance.abs()).clamp(min=0)
     return weights / weights.sum(-1, keepdim=True)
 
 
 def _resized(table: torch.Tensor, rows, row, columns, column, antialias=True) -> torch.Tensor:
     """The (rows, columns, channels) ``table`` resized (bilinear) to each position's grid of ``rows`` x ``columns``,
     read at its ``row`` and ``column`` (tensors of one shape): computed in float32, as torch on CPU."""
-    row_weights = _bilinear_weights(rows, row, table.shape[0], antialias)
-    column_weights = _bilinear_weights(columns, column, table.shape[1], antialias)
+    row_weights = _resize_weights(rows, row, table.shape[0], antialias)
+    column_weights = _resize_weights(columns, column, table.shape[1], antialias)
     resized = torch.einsum("...r,...c,rcd->...d", row_weights, column_weights, table.to(torch.float32))
     return resized.to(table.dtype)
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from .exported import Exported, build_metadata
-from .exporter_dynamo import DynamoConfig, trace_model
+from .exporter_dynamo import DynamoConfig, _resize_weights, trace_model
 from .utils import (
     EXECUTORCH_BACKENDS,
     ExecutorchExportError,
@@ -273,6 +273,31 @@ def _patch_randint_as_scaled_rand(original):
         return (uniform * (high - low)).floor().to(kwargs.get("dtype") or torch.int64) + low
 
     return randint
+
+
+@register_patch("executorch", "torch.nn.functional.interpolate", reports=True)
+def _patch_antialiased_resize_as_matmuls(original):
+    """The antialiased bicubic resize (`_upsample_bicubic2d_aa`) is not in the Core ATen opset, and ExecuTorch has
+    no kernel for it (it has the bilinear one); UnlimitedOCR's tower resizes its position grid so. The resize is
+    separable: each axis' weights, computed from the sizes, applied as a matrix product, the columns first as torch
+    does."""
+
+    def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
+                    recompute_scale_factor=None, antialias=False):
+        if (not antialias or mode != "bicubic" or input.dim() != 4 or size is None
+                or scale_factor is not None or align_corners):
+            return original(input, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias)
+        report_applied()
+        rows, columns = (size, size) if isinstance(size, int) else size
+
+        def weights(count, source):
+            positions = torch.arange(count, device=input.device)
+            return _resize_weights(torch.full_like(positions, count), positions, source, True, mode)
+
+        resized = input.float() @ weights(columns, input.shape[-1]).T
+        return (weights(rows, input.shape[-2]) @ resized).to(input.dtype)
+
+    return interpolate
 
 
 @register_patch("executorch", "torch.nn.functional.embedding_bag")

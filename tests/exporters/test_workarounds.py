@@ -153,6 +153,41 @@ def test_executorch_data_dependent_sizes_get_an_upper_bound():
     assert failure.value.stage == "to-executorch"
 
 
+class _AntialiasedResize(torch.nn.Module):
+    """UnlimitedOCR's tower: its position grid resized (bicubic, antialiased) to the patch grid, here shrunk on one
+    axis and grown on the other."""
+
+    def forward(self, tokens):
+        size = (tokens.shape[2] // 2, tokens.shape[3] * 2 + 1)
+        return torch.nn.functional.interpolate(tokens, size=size, mode="bicubic", antialias=True, align_corners=False)
+
+
+def test_executorch_antialiased_bicubic_resize_as_matrix_products():
+    model = _AntialiasedResize().eval()
+    grids = {"A": {"tokens": torch.randn(1, 3, 12, 7)}, "B": {"tokens": torch.randn(1, 3, 9, 4)}}
+    exported = _executorch_dynamic(model, grids["A"])
+    assert "_patch_antialiased_resize_as_matmuls" in exported.applied
+    _assert_runs_like_eager(exported, model, grids["A"])
+    _assert_runs_like_eager(exported, model, grids["B"])
+    with disabled_workarounds("_patch_antialiased_resize_as_matmuls"):
+        with pytest.raises(exporters.ExecutorchExportError, match="not in Core ATen") as failure:
+            _executorch_dynamic(model, grids["A"])
+    assert failure.value.stage == "to-edge"
+
+
+def test_antialiased_bicubic_resize_weights_are_torchs():
+    grids = [torch.randn(2, 3, rows, columns) for rows, columns in [(7, 7), (16, 12), (3, 5)]]
+    sizes = [(4, 4), (7, 7), (16, 16), (5, 23), (1, 3), (31, 2)]
+    fired = set()
+    for grid in grids:
+        for size in sizes:
+            expected = torch.nn.functional.interpolate(grid, size=size, mode="bicubic", antialias=True)
+            with apply_patches("executorch", fired, select=lambda path: path == "torch.nn.functional.interpolate"):
+                resized = torch.nn.functional.interpolate(grid, size=size, mode="bicubic", antialias=True)
+            torch.testing.assert_close(resized, expected, atol=1e-5, rtol=1e-5)
+    assert fired == {"_patch_antialiased_resize_as_matmuls"}
+
+
 def test_executorch_python_symbolic_ops_reach_the_edge_dialect():
     model = _ExpertCapacity().eval()
     exported = _executorch_dynamic(model, TOKENS["A"])
