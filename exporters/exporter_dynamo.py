@@ -955,6 +955,31 @@ def _patch_step3p7_experts_dense(_original):
     return forward
 
 
+@register_patch("dynamo", "transformers.models.step3p7.modeling_step3p7.Step3p7VisionModel.forward")
+def _patch_step3p7_positions_from_the_grid(_original):
+    """Step 3.7's tower writes its patch grid into a tensor and reads it back (`tolist`) to lay out its rotary
+    positions: under export the sizes read back are data-dependent, unrelated to the image's, and ExecuTorch plans
+    the positions for the product of their bounds (2**36 elements, "bad number ... for type int32").
+    The positions laid out from the grid's own sizes (row-major: one image, merge size 1); the rest is eager's."""
+    from transformers.modeling_outputs import BaseModelOutput
+    from transformers.utils.output_capturing import capture_outputs
+
+    def forward(self, pixel_values, **kwargs):
+        batch, _, height, width = pixel_values.shape
+        rows, columns = height // self.embeddings.patch_size, width // self.embeddings.patch_size
+        hidden_state = self.pre_layernorm(self.embeddings(pixel_values, interpolate_pos_encoding=True))
+        row, column = torch.meshgrid(torch.arange(rows, device=hidden_state.device),
+                                     torch.arange(columns, device=hidden_state.device), indexing="ij")
+        position_embeddings = self.rotary_emb(hidden_state, torch.stack([row.flatten(), column.flatten()], dim=-1))
+        for layer in self.layers:
+            hidden_state = layer(hidden_state, position_embeddings=position_embeddings, **kwargs)
+        hidden_state = hidden_state.permute(0, 2, 1).view(batch, hidden_state.shape[-1], rows, columns)
+        hidden_state = self.downsampler2(self.downsampler1(hidden_state))
+        return BaseModelOutput(last_hidden_state=hidden_state.flatten(2).permute(0, 2, 1))
+
+    return capture_outputs(tie_last_hidden_states=False)(forward)
+
+
 @register_patch("dynamo", "transformers.models.dbrx.modeling_dbrx.DbrxExperts.forward")
 def _patch_dbrx_experts_dense(_original):
     """DBRX's experts, every one on every token (`_every_expert`), each a slice of the packed GLU weights."""

@@ -2086,6 +2086,19 @@ def test_global_views_at_once_keep_the_image_count_symbolic():
     assert "pixel_values axis 0 = 2 (second set: 3)" in fixed["_patch_global_views_laid_out_at_once"]
 
 
+def test_step3p7_tower_lays_out_its_positions_from_its_grid_not_from_data():
+    """Written into a tensor and read back, the tower's grid sizes were data-dependent: ExecuTorch found no bound to
+    plan its positions for."""
+
+    def read_from_data(exported):
+        return [symbol for symbol in exported.program.range_constraints if str(symbol).startswith("u")]
+
+    context, export = _exported_on_the_varying_axes("Step3p7VisionModel", ["_patch_step3p7_positions_from_the_grid"])
+    assert read_from_data(export()) == []
+    with disabled_workarounds("_patch_step3p7_positions_from_the_grid"):
+        assert read_from_data(export())
+
+
 # several resolutions to pick from, and images that pick each: wide and tall ones lose rows or columns unpadded
 ANYRES_PINPOINTS = [[32, 32], [32, 64], [64, 32], [64, 64], [64, 128], [128, 64]]
 ANYRES_SIZES = torch.tensor([[10, 60], [60, 10], [32, 32], [50, 45], [64, 40], [10, 120], [120, 10]])
