@@ -687,20 +687,33 @@ def _patch_empty_cat_left_whole(original):
 
 # the most input-size combinations a size's exact upper bound is searched over
 _BOUND_SEARCH_LIMIT = 1 << 16
+# A number read from data with nothing to bound it (a vocoder's frame count, summed from predicted durations; a
+# split's offsets) is planned as lying within this many either side of zero.
+_DATA_DEPENDENT_CEILING = 4096
 
 
-@register_patch("executorch", "executorch.exir.passes.sym_shape_eval_pass.eval_upper_bound", reports=True)
+@register_patch(
+    "executorch",
+    "executorch.exir.passes.sym_shape_eval_pass.eval_upper_bound",
+    "executorch.exir.sym_util.eval_upper_bound",  # what `eval_shape_upper_bound` calls
+    reports=True,
+)
 def _patch_sizes_bounded_exactly(original):
     """ExecuTorch plans memory for each size's upper bound, found by interval arithmetic over the expression: a
     symbol met twice is bounded as two independent ones, and a quotient takes its numerator's top over its
     denominator's bottom. XLNet's relative shift sizes an axis `length**2 // length`, bounded so at 130,560 where
     it is at most 511: its program planned 137 GB (`std::bad_alloc` at load). Over few enough input sizes, the
-    expression's largest value is found exactly."""
+    expression's largest value is found exactly.
+
+    A size that depends on a number read from data with no bound of its own has none ("Cannot evaluate a finite
+    upper bound"); that number is taken within `_DATA_DEPENDENT_CEILING` either side of zero, and past it the
+    runtime refuses to resize the tensor."""
     import numpy
     import sympy
     from torch.utils._sympy.numbers import int_oo
+    from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
-    largest = {}  # (expression, ranges) -> its largest value, or None where it cannot be searched
+    largest = {}  # (expression, ranges) -> its largest value, or None where it cannot be found
 
     def search(expr, symbols, spans):
         if not symbols or any(span.upper is int_oo or span.lower is -int_oo for span in spans):
@@ -716,22 +729,39 @@ def _patch_sizes_bounded_exactly(original):
             return None
         return int(numpy.max(values))
 
+    def planned(symbol, span):
+        if span is None or not str(symbol).startswith("u"):  # an input size (s0...) keeps its range
+            return span
+        lower = span.lower if isinstance(span.lower, sympy.Integer) else -_DATA_DEPENDENT_CEILING
+        upper = span.upper if isinstance(span.upper, sympy.Integer) else max(lower, _DATA_DEPENDENT_CEILING)
+        return ValueRanges(lower, upper)
+
+    def find_largest(expr, symbols, spans):
+        exact = search(expr, symbols, spans)
+        if exact is not None:
+            return exact
+        upper = bound_sympy(expr, dict(zip(symbols, spans))).upper
+        return int(upper) if isinstance(upper, sympy.Integer) else None
+
     def eval_upper_bound(size):
-        bound = original(size)
         if isinstance(size, int):
-            return bound
+            return size
+        try:
+            bound = original(size)
+        except RuntimeError:  # no finite bound, nor a traced value
+            bound = None
         expr, ranges = size.node.expr, size.node.shape_env.var_to_range
         symbols = sorted(expr.free_symbols, key=str)
-        spans = tuple(ranges.get(symbol) for symbol in symbols)
+        spans = tuple(planned(symbol, ranges.get(symbol)) for symbol in symbols)
         if None in spans:
-            return bound
+            return original(size) if bound is None else bound
         key = (expr, spans)
         if key not in largest:
-            largest[key] = search(expr, symbols, spans)
-        if largest[key] is not None and largest[key] < bound:
+            largest[key] = find_largest(expr, symbols, spans)
+        if largest[key] is not None and (bound is None or largest[key] < bound):
             report_applied()
             return largest[key]
-        return bound
+        return original(size) if bound is None else bound  # ExecuTorch's own error where there is no bound
 
     return eval_upper_bound
 
@@ -804,18 +834,14 @@ def _patch_contiguous_order_below_four_axes(original):
 # An axis left unbounded by Dim.AUTO may grow to this many times its traced size (and at least to the floor).
 _DYNAMIC_GROWTH = 4
 _DYNAMIC_FLOOR = 32
-# A size read from data with nothing to bound it (a vocoder's frames, summed from predicted durations) has no
-# traced value to grow from: it is planned for at most this many.
-_DATA_DEPENDENT_CEILING = 4096
 
 
 @register_fx_program_fix("executorch")
 def _fix_unbounded_dynamic_axes(exported_program) -> bool:
-    """ExecuTorch plans memory for each size's upper bound and refuses an unbounded one ("Cannot evaluate a finite
-    upper bound"); an unbounded input axis would get only its traced size.
+    """ExecuTorch plans memory for a dynamic axis' upper bound; an unbounded axis gets only its traced size.
 
     Gives every unbounded symbol a finite bound, in both places ExecuTorch reads: the program's range constraints
-    and the shape environment's ranges. Past its bound, the runtime refuses to resize the tensor.
+    and the shape environment's ranges.
     """
     from torch.utils._sympy.numbers import IntInfinity
     from torch.utils._sympy.value_ranges import ValueRanges
@@ -832,16 +858,13 @@ def _fix_unbounded_dynamic_axes(exported_program) -> bool:
     changed = False
     for ranges in (exported_program.range_constraints, shape_env.var_to_range if shape_env else {}):
         for symbol, bounds in list(ranges.items()):
-            if not isinstance(bounds.upper, IntInfinity):
+            # only input axes (backed symbols, s0...): a data-dependent size (u0...) has no traced value to grow from
+            if not isinstance(bounds.upper, IntInfinity) or str(symbol).startswith("u"):
                 continue
-            if str(symbol).startswith("u"):  # data-dependent (u0...), not an input axis (s0...)
-                ceiling = _DATA_DEPENDENT_CEILING if bounds.lower < _DATA_DEPENDENT_CEILING else bounds.lower
-                ranges[symbol] = ValueRanges(bounds.lower, ceiling)
-            else:
-                traced = traced_sizes.get(symbol)
-                traced = int(traced) if traced is not None and traced.is_finite else 2
-                lower = bounds.lower if bounds.lower.is_finite else 0
-                ranges[symbol] = ValueRanges(lower, max(traced * _DYNAMIC_GROWTH, _DYNAMIC_FLOOR))
+            traced = traced_sizes.get(symbol)
+            traced = int(traced) if traced is not None and traced.is_finite else 2
+            lower = bounds.lower if bounds.lower.is_finite else 0
+            ranges[symbol] = ValueRanges(lower, max(traced * _DYNAMIC_GROWTH, _DYNAMIC_FLOOR))
             changed = True
     return changed
 

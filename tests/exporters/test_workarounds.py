@@ -142,12 +142,12 @@ def test_executorch_data_dependent_sizes_get_an_upper_bound():
     model, tokens = _RepeatedByCounts().eval(), torch.randn(3, 4)
     traced = {"tokens": tokens, "counts": torch.tensor([1, 2, 3])}
     exported = _export_module(model, traced, "executorch")
-    assert "_fix_unbounded_dynamic_axes" in exported.applied
+    assert "_patch_sizes_bounded_exactly" in exported.applied
     for counts in ([5, 0, 9], [ceiling // 4, ceiling // 4, ceiling // 2]):  # past the traced total, up to the bound
         _assert_runs_like_eager(exported, model, {"tokens": tokens, "counts": torch.tensor(counts)})
     with pytest.raises(RuntimeError, match="execute"):  # past the bound the runtime refuses to resize
         exported(tokens=tokens, counts=torch.tensor([ceiling // 2, ceiling // 2, 1]))
-    with disabled_workarounds("_fix_unbounded_dynamic_axes"):
+    with disabled_workarounds("_patch_sizes_bounded_exactly"):
         with pytest.raises(exporters.ExecutorchExportError, match="finite upper bound") as failure:
             _export_module(model, traced, "executorch")
     assert failure.value.stage == "to-executorch"
