@@ -746,22 +746,24 @@ def _patch_sizes_bounded_exactly(original):
     def eval_upper_bound(size):
         if isinstance(size, int):
             return size
+        bound, unbounded = None, None
         try:
             bound = original(size)
-        except RuntimeError:  # no finite bound, nor a traced value
-            bound = None
+        except RuntimeError as error:  # no finite bound, nor a traced value
+            unbounded = error
         expr, ranges = size.node.expr, size.node.shape_env.var_to_range
         symbols = sorted(expr.free_symbols, key=str)
         spans = tuple(planned(symbol, ranges.get(symbol)) for symbol in symbols)
-        if None in spans:
-            return original(size) if bound is None else bound
-        key = (expr, spans)
-        if key not in largest:
-            largest[key] = find_largest(expr, symbols, spans)
-        if largest[key] is not None and (bound is None or largest[key] < bound):
-            report_applied()
-            return largest[key]
-        return original(size) if bound is None else bound  # ExecuTorch's own error where there is no bound
+        if None not in spans:
+            key = (expr, spans)
+            if key not in largest:
+                largest[key] = find_largest(expr, symbols, spans)
+            if largest[key] is not None and (bound is None or largest[key] < bound):
+                report_applied()
+                return largest[key]
+        if unbounded is not None:
+            raise unbounded
+        return bound
 
     return eval_upper_bound
 
