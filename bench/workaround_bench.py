@@ -9,6 +9,7 @@ A first export warms the imports up and is not counted. Prints each class' media
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -18,20 +19,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import exporters  # noqa: E402
 from exporters.utils import disabled_workarounds  # noqa: E402
-from harness.cells import ClassContext, varying_axes  # noqa: E402
+from harness.cells import ClassContext, export_options  # noqa: E402
 from harness.models import select  # noqa: E402
 
 
 def export_seconds(context: ClassContext, backend: str, shape: str, without: str | None) -> float:
-    options = {"dynamic": shape == "dynamic"}
-    if shape == "dynamic":
-        options["dynamic_shapes"] = varying_axes(context.inputs["A"], context.inputs["B"])
-    exporter, config = exporters.exporter_for(backend, **options)
+    exporter, config = exporters.exporter_for(backend, **export_options(shape, context.inputs))
     start = time.perf_counter()
-    if without:
-        with disabled_workarounds(without):
-            exporter.export(context.model, context.inputs["A"], config)
-    else:
+    with disabled_workarounds(without) if without else contextlib.nullcontext():
         exporter.export(context.model, context.inputs["A"], config)
     return time.perf_counter() - start
 

@@ -328,9 +328,7 @@ def run_cell(
             return _done(record)
     if cell.shape_mode == "generate":
         return _run_generate(cell, context, record, on_stage)
-    options = {"dynamic": cell.shape_mode == "dynamic"}
-    if cell.shape_mode == "dynamic":
-        options["dynamic_shapes"] = varying_axes(context.inputs["A"], context.inputs["B"])
+    options = export_options(cell.shape_mode, context.inputs)
     if cell.backend == "onnx" and registry is not None:
         entry = registry.optimize_disabled_for(cell.model.name, cell.shape_mode)
         if entry is not None:
@@ -448,6 +446,14 @@ def _run_generate(cell: Cell, context: ClassContext, record: CellRecord, on_stag
         stage.message = comparison.message  # a near-tie: shown, not failed
     record.stages.append(stage)
     return _done(record)
+
+
+def export_options(shape_mode: str, inputs: dict) -> dict:
+    """The exporter options of a ``shape_mode`` cell: a dynamic one varies the axes its two input sets differ on."""
+    options = {"dynamic": shape_mode == "dynamic"}
+    if shape_mode == "dynamic":
+        options["dynamic_shapes"] = varying_axes(inputs["A"], inputs["B"])
+    return options
 
 
 def varying_axes(first: dict, second: dict) -> dict | None:

@@ -2093,7 +2093,7 @@ def test_step3p7_tower_lays_out_its_positions_from_its_grid_not_from_data():
     def read_from_data(exported):
         return [symbol for symbol in exported.program.range_constraints if str(symbol).startswith("u")]
 
-    context, export = _exported_on_the_varying_axes("Step3p7VisionModel", ["_patch_step3p7_positions_from_the_grid"])
+    _, export = _exported_on_the_varying_axes("Step3p7VisionModel", ["_patch_step3p7_positions_from_the_grid"])
     assert read_from_data(export()) == []
     with disabled_workarounds("_patch_step3p7_positions_from_the_grid"):
         assert read_from_data(export())
