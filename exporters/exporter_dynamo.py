@@ -1427,6 +1427,70 @@ def _patch_superpoint_keypoints_of_every_image_at_once(original):
     return forward
 
 
+@register_patch("dynamo",
+                "transformers.models.lightglue.modeling_lightglue.LightGlueForKeypointMatching._match_image_pair",
+                reports=True)
+def _patch_lightglue_stops_and_prunes_by_masks(original):
+    """LightGlue stops each pair at the first layer confident enough (`if torch.any(stopped)`) and drops the
+    keypoints it prunes from the next layers, so how much it computes is read from the data. Every layer runs on
+    every pair instead: a pruned keypoint is masked out of attention rather than dropped (same values: masked keys
+    weigh nothing), a pair's matches are taken from the layer where it stops, and each keypoint counts the layers
+    it was kept in. Eager drops keypoints by packing the kept ones first and padding with zeros, then scatters its
+    results back with -1 as the padding index: the last keypoint of an image with padding gets a padding row's
+    score (small, not zero). The program zeroes what it masks and reports the last keypoint's own row there: the
+    same value while nothing is pruned; once pruning has packed eager's rows it may differ by that small score."""
+    from transformers.models.lightglue import modeling_lightglue as lightglue
+
+    def _match_image_pair(self, keypoints, descriptors, height, width, mask=None, output_attentions=None,
+                          output_hidden_states=None):
+        if (mask is None or output_attentions or output_hidden_states or self.depth_confidence <= 0
+                or self.width_confidence <= 0 or keypoints.shape[2] == 0):
+            return original(self, keypoints, descriptors, height, width, mask, output_attentions,
+                            output_hidden_states)
+        report_applied()
+        pairs, _, count, _ = keypoints.shape
+        valid_per_pair = mask.reshape(pairs, -1).sum(dim=1)
+        keypoints = lightglue.normalize_keypoints(keypoints.reshape(pairs * 2, count, 2), height, width)
+        descriptors = descriptors.reshape(pairs * 2, count, self.keypoint_detector_descriptor_dim)
+        descriptors, (positions, *_) = self._keypoint_processing(descriptors, keypoints)
+        live = mask.reshape(pairs * 2, count).bool()  # valid and not pruned yet
+        running = torch.ones(pairs * 2, 1, dtype=torch.bool, device=keypoints.device)  # per image, pair-wise
+        matches = torch.full((pairs * 2, count), -1, dtype=torch.long, device=keypoints.device)
+        scores = torch.zeros(pairs * 2, count, dtype=descriptors.dtype, device=keypoints.device)
+        layers_kept = torch.ones(pairs * 2, count, dtype=torch.long, device=keypoints.device)
+        # eager writes its padding rows' results at index -1: the last keypoint's own row when nothing was pruned
+        last_keypoint = torch.arange(count, device=keypoints.device) == count - 1
+        for layer in range(self.num_layers):
+            attention_mask = lightglue.create_bidirectional_mask(
+                config=self.config, inputs_embeds=descriptors[:, 0:1, :], attention_mask=live.to(mask.dtype),
+                allow_is_bidirectional_skip=False)
+            descriptors = self.transformer_layers[layer](descriptors, positions, attention_mask=attention_mask)[0]
+            last = layer == self.num_layers - 1
+            if not last:
+                confidences = self.token_confidence[layer](descriptors)
+                confident = self._get_early_stopped_image_pairs(confidences, layer, live, num_points=valid_per_pair)
+                stopping = running & confident.repeat_interleave(2)[:, None]
+            else:
+                stopping = running
+            layer_matches, layer_scores = self._get_keypoint_matching(descriptors, live, layer)
+            written = stopping & (live | last_keypoint)
+            matches = torch.where(written, layer_matches, matches)
+            scores = torch.where(written, layer_scores, scores)
+            running = running & ~stopping
+            if not last:
+                matchability = self.match_assignment_layers[layer].get_matchability(descriptors)
+                kept = self._get_pruning_mask(confidences, matchability, layer) & live
+                layers_kept = layers_kept + (kept & running).long()
+                live = torch.where(running, kept, live)
+                # eager pads what it drops with zeros, and the padding rows' results reach the last keypoint
+                descriptors = torch.where(live[..., None], descriptors, 0)
+                positions = tuple(torch.where(live[..., None], part, 0) for part in positions)
+        return (matches.reshape(pairs, 2, count), scores.reshape(pairs, 2, count),
+                layers_kept.reshape(pairs, 2, count), None, None)
+
+    return _match_image_pair
+
+
 @register_patch("dynamo", *(f"transformers.models.{module}.modeling_{module}.{model}._match_image_pair"
                             for module, model in (("superglue", "SuperGlueForKeypointMatching"),
                                                   ("lightglue", "LightGlueForKeypointMatching"))), reports=True)

@@ -467,3 +467,30 @@ def _aten_sym_numel(self):
 
 # ── Stage 5: ONNX IR fixes ───────────────────────────────────────────────────
 # `@register_onnx_ir_fix` on `_fix_ir_<what>(model: onnx_ir.Model) -> bool`.
+
+
+@register_onnx_ir_fix
+def _fix_ir_where_on_booleans(model) -> bool:
+    """ONNX Runtime has no `Where` kernel for booleans ("Could not find an implementation for Where(16)"; LightGlue
+    keeps a keypoint mask per pair that way): the same choice as logic, `(c and x) or (not c and y)`."""
+    import onnx_ir
+
+    rewritten = False
+    for node in list(onnx_ir.traversal.RecursiveGraphIterator(model.graph)):
+        boolean = node.outputs[0].dtype == onnx_ir.DataType.BOOL if node.outputs else False
+        if node.op_type != "Where" or node.domain not in ("", "ai.onnx") or not boolean:
+            continue
+        condition, chosen, otherwise = node.inputs
+        negated = onnx_ir.node("Not", [condition])
+        kept = onnx_ir.node("And", [condition, chosen])
+        instead = onnx_ir.node("And", [negated.outputs[0], otherwise])
+        either = onnx_ir.node("Or", [kept.outputs[0], instead.outputs[0]])
+        node.graph.insert_before(node, [negated, kept, instead, either])
+        old, new = node.outputs[0], either.outputs[0]
+        new.shape, new.type = old.shape, old.type
+        old.replace_all_uses_with(new, replace_graph_outputs=True)
+        name, old.name = old.name, None
+        node.graph.remove(node, safe=True)
+        new.name = name
+        rewritten = True
+    return rewritten

@@ -1062,6 +1062,59 @@ def test_omdet_turbo_prompts_encoded_at_once_are_eagers_per_sample_classes():
         torch.testing.assert_close(got, expected)
 
 
+@pytest.mark.parametrize("confidence_bias, layers_kept", [
+    (2.2, {1, 2}),  # confident enough to prune at the first layer, not to stop: pairs go on with fewer keypoints
+    (3.0, {1}),  # every pair stops at the first layer
+])
+def test_lightglue_stopping_and_pruning_by_masks_is_eagers(confidence_bias, layers_kept):
+    """Eager's own LightGlue crashes when only some pairs stop before its last layer (it builds the last layer's
+    stops for the whole batch), so the cases it runs: pruning without stopping, and every pair stopping at once."""
+    from harness.cells import varying_axes
+
+    context = _built_by_the_sweep("LightGlueForKeypointMatching")
+    model, first, second = context.model, context.inputs["A"], context.inputs["B"]
+    with torch.no_grad():
+        model.token_confidence[0].token.bias.fill_(confidence_bias)
+        model.match_assignment_layers[0].matchability.bias.fill_(-5.0)  # unlikely to match: prunable when confident
+        expected = {key: model(**inputs) for key, inputs in (("A", first), ("B", second))}
+    assert {int(count) for count in expected["B"].prune.unique()} == layers_kept
+    exporter, config = exporters.exporter_for("dynamo", dynamic=True, dynamic_shapes=varying_axes(first, second))
+    exported = exporter.export(model, first, config)
+    assert "_patch_lightglue_stops_and_prunes_by_masks" in exported.applied
+    for key, inputs in (("A", first), ("B", second)):
+        got = exported(**inputs)
+        for name in ("matches", "matching_scores", "prune"):
+            torch.testing.assert_close(got[name], expected[key][name], atol=1e-6, rtol=1e-6)
+    if confidence_bias == 3.0:
+        return
+    with disabled_workarounds("_patch_lightglue_stops_and_prunes_by_masks"):
+        with pytest.raises(exporters.ExportError, match="data-dependent"):
+            exporter.export(model, first, config)
+
+
+class _KeptWhileRunning(torch.nn.Module):
+    """LightGlue's keypoint mask: the pruned one for the pairs still running, the one they had for the others."""
+
+    def forward(self, running, kept, live):
+        return torch.where(running, kept, live)
+
+
+def test_onnx_runtime_chooses_between_masks_by_logic():
+    model = _KeptWhileRunning()
+    inputs = {"running": torch.tensor([[True], [False]]), "kept": torch.tensor([[True, False, False]] * 2),
+              "live": torch.tensor([[True, True, False]] * 2)}
+    exporter, config = exporters.exporter_for("onnx", dynamic=True)
+    exported = exporter.export(model, inputs, config)
+    assert "_fix_ir_where_on_booleans" in exported.applied
+    other = {name: torch.cat([value, ~value]) for name, value in inputs.items()}  # another batch
+    (got,) = exported(**other).values()
+    assert torch.equal(torch.as_tensor(got), model(**other))
+    with disabled_workarounds("_fix_ir_where_on_booleans"):
+        as_converted = exporter.export(model, inputs, config)
+    with pytest.raises(Exception, match="implementation for Where"):
+        as_converted(**inputs)
+
+
 def test_esmfold_traces_with_a_symbolic_batch_once_its_identity_frames_are_made_afresh():
     context = _built_by_the_sweep("EsmForProteinFolding")
     exported = _export(context, "dynamo", dynamic=True)
