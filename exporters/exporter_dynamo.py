@@ -260,6 +260,36 @@ def _patch_module_cast_to_its_own_dtype(original):
     return to
 
 
+@register_patch("dynamo", "torch._prims_common.is_contiguous", reports=True)
+def _patch_contiguity_asked_without_guards(original):
+    """Tracing records whether each result is contiguous, asking torch's "false when unsure" contiguity test. That
+    test still guards on a symbolic size whose example is 0, 1 or 2 (too few elements to matter, a dimension of one
+    to skip): DeepSeek V4 keeps the `length % 4` tokens past its last window, an example of one token when a prompt
+    of 7 is traced, and the program then refused a prompt of 5; HunYuan-VL's `images - 1` fixed the image count at
+    2 in ExecuTorch's re-trace (pytorch/pytorch#165032). Unsure stays false here without a guard: a size is skipped
+    or counted small only when it is so for every size the program takes."""
+    from torch.fx.experimental.symbolic_shapes import guard_or_true, is_nested_int, statically_known_true
+
+    def is_contiguous(a, false_if_dde=False):
+        symbolic = [size for size in a.shape if isinstance(size, torch.SymInt)]
+        if not false_if_dde or not symbolic or any(is_nested_int(size) for size in symbolic):
+            return original(a, false_if_dde)
+        report_applied()
+        if statically_known_true(a.numel() < 2):
+            return True
+        # a contiguous stride is the product of the sizes after it, as torch writes it with or without Max(1, size)
+        product, product_of_nonzero = 1, 1
+        for size, stride in reversed(tuple(zip(a.shape, a.stride()))):
+            if statically_known_true(size == 1):
+                continue
+            if guard_or_true(stride != product) and guard_or_true(stride != product_of_nonzero):
+                return False
+            product, product_of_nonzero = product * size, product_of_nonzero * torch.sym_max(size, 1)
+        return True
+
+    return is_contiguous
+
+
 @register_patch("dynamo", "transformers.integrations.moe.ExpertsInterface.get_interface", reports=True)
 def _patch_experts_batched_mm(original):
     """Mixture-of-experts layers default to `grouped_mm`, which on CPU is a custom op (`transformers::

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from .exported import Exported, build_metadata
-from .exporter_dynamo import DynamoConfig, _resize_weights, trace_model
+from .exporter_dynamo import DynamoConfig, _patch_contiguity_asked_without_guards, _resize_weights, trace_model
 from .utils import (
     EXECUTORCH_BACKENDS,
     ExecutorchExportError,
@@ -371,6 +371,9 @@ def _patch_fnet_fourier_as_matmul(original):
 
 # ── Stage 3: ExecuTorch patches ──────────────────────────────────────────────
 # `@register_patch("executorch", "executorch.<internal>")`: lowering steps that fail on valid graphs.
+
+# `to_edge` traces the program again, asking the same contiguity questions as the first trace
+register_patch("executorch", "torch._prims_common.is_contiguous", reports=True)(_patch_contiguity_asked_without_guards)
 
 
 def _dynamic_axes(node) -> int:

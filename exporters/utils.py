@@ -35,7 +35,8 @@ BACKENDS = ("dynamo", "onnx", "executorch")
 
 # Patches on these are exporter internals: installed for the conversion, not for the model's trace.
 BACKEND_INTERNAL_PREFIXES = (
-    "torch.onnx.", "torch._export.", "torch.export.", "torch.fx.traceback.", "onnxscript.", "onnx_ir.", "executorch.",
+    "torch.onnx.", "torch._export.", "torch.export.", "torch.fx.traceback.", "torch._prims_common.", "onnxscript.",
+    "onnx_ir.", "executorch.",
 )  # fmt: skip
 
 

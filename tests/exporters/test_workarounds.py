@@ -1092,6 +1092,49 @@ def test_lightglue_stopping_and_pruning_by_masks_is_eagers(confidence_bias, laye
             exporter.export(model, first, config)
 
 
+class _TokensPastTheLastWindow(torch.nn.Module):
+    """DeepSeek V4's compressor: windows of 4 tokens pooled, the tokens past the last one kept for the next call."""
+
+    def forward(self, hidden):
+        usable = hidden.shape[1] // 4 * 4
+        return hidden[:, :usable].sum(1), hidden[:, usable:]
+
+
+def test_contiguity_of_a_symbolic_size_is_recorded_without_a_guard():
+    model = _TokensPastTheLastWindow()
+    exporter, config = exporters.exporter_for("dynamo", dynamic=True)
+    traced_on, run_on = torch.randn(2, 7, 3), torch.randn(2, 5, 3)  # 3 tokens left over, then 1
+    exported = exporter.export(model, {"hidden": traced_on}, config)
+    assert "_patch_contiguity_asked_without_guards" in exported.applied
+    for got, expected in zip(exported(hidden=run_on).values(), model(run_on), strict=True):
+        torch.testing.assert_close(got, expected)
+    with disabled_workarounds("_patch_contiguity_asked_without_guards"):
+        as_guarded = exporter.export(model, {"hidden": traced_on}, config)
+    with pytest.raises(AssertionError, match=r"hidden.size\(\)\[1\] \+ -4 \* \(hidden.size\(\)\[1\] // 4\) != 1"):
+        as_guarded(hidden=run_on)
+
+
+class _NeighbourSums(torch.nn.Module):
+    """Sums of neighbouring offsets through `unfold`, which `to_edge` decomposes into a slice of `count - 1`."""
+
+    def forward(self, offsets):
+        return offsets.unfold(0, 2, 1).sum(-1)
+
+
+def test_executorch_retrace_asks_contiguity_without_a_guard():
+    model, traced_on, run_on = _NeighbourSums(), torch.tensor([0.0, 4.0]), torch.tensor([0.0, 4.0, 9.0])
+    exporter, config = exporters.exporter_for("executorch", dynamic=True)
+    exported = exporter.export(model, {"offsets": traced_on}, config)
+    assert "_patch_contiguity_asked_without_guards" in exported.applied
+    (got,) = exported(offsets=run_on).values()
+    torch.testing.assert_close(got, model(run_on))
+    with disabled_workarounds("_patch_contiguity_asked_without_guards"):
+        as_guarded = exporter.export(model, {"offsets": traced_on}, config)
+    assert as_guarded.metadata["input_shapes"]["offsets"] == [2]  # `count - 1 < 2` fixed the count
+    with pytest.raises(RuntimeError, match="0x10"):
+        as_guarded(offsets=run_on)
+
+
 class _KeptWhileRunning(torch.nn.Module):
     """LightGlue's keypoint mask: the pruned one for the pairs still running, the one they had for the others."""
 
