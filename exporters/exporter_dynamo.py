@@ -2582,6 +2582,29 @@ def _patch_omdet_prompts_encoded_at_once(original):
     return get_language_embedding
 
 
+@register_patch("dynamo", f"{_OMDET}.OmDetTurboLanguageBackbone.forward", reports=True)
+def _patch_omdet_task_prompts_cut_within_the_mask(original):
+    """OmDet-Turbo cuts its task prompts to the longest one, a length read from the mask with `.item()` and known
+    to torch only as some integer: `to_edge`'s slice decomposition then asks whether it is negative or past the
+    width ("Could not guard on data-dependent expression u28 < 0", "u14 > s63"). The same tokens picked by
+    their positions, the length known to lie between zero and the mask's width."""
+
+    def forward(self, hidden_states, mask=None, encode_type="task"):
+        if encode_type != "task" or mask is None:
+            return original(self, hidden_states, mask, encode_type)
+        report_applied()
+        encoded = self.model(hidden_states)[0]
+        longest = (mask != 0).sum(1).max().item()
+        torch._check(longest >= 0)
+        torch._check(longest <= mask.shape[1])
+        # picked rather than sliced: a slice compares its end with the width, which a number read from data and a
+        # symbolic width leave undecided
+        kept = torch.arange(longest, device=mask.device)
+        return encoded.index_select(1, kept).transpose(0, 1), mask.index_select(1, kept)
+
+    return forward
+
+
 @register_patch("dynamo", "transformers.models.fastspeech2_conformer.modeling_fastspeech2_conformer.length_regulator")
 def _patch_length_regulator_gathered(original):
     """FastSpeech 2 repeats each phoneme's features for its predicted duration in a loop over the batch, after an

@@ -1158,6 +1158,35 @@ def test_onnx_runtime_chooses_between_masks_by_logic():
         as_converted(**inputs)
 
 
+class _TaskPrompts(torch.nn.Module):
+    def __init__(self, language_backbone):
+        super().__init__()
+        self.language_backbone = language_backbone
+
+    def forward(self, input_ids, attention_mask):
+        return self.language_backbone(input_ids, mask=attention_mask, encode_type="task")
+
+
+def test_omdet_turbo_task_prompts_are_cut_within_the_mask_for_executorch():
+    context = _built_by_the_sweep("OmDetTurboForObjectDetection")
+    input_ids = context.inputs["A"]["tasks_input_ids"]
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[:, -2:] = 0  # every prompt two tokens shorter than the batch is wide
+    model, inputs = _TaskPrompts(context.model.language_backbone).eval(), {"input_ids": input_ids,
+                                                                           "attention_mask": attention_mask}
+    exporter, config = exporters.exporter_for("executorch")
+    exported = exporter.export(model, inputs, config)
+    assert "_patch_omdet_task_prompts_cut_within_the_mask" in exported.applied
+    with torch.no_grad():
+        expected = model(**inputs)
+    assert expected[1].shape[1] == input_ids.shape[1] - 2
+    for got, want in zip(exported(**inputs).values(), expected, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    with disabled_workarounds("_patch_omdet_task_prompts_cut_within_the_mask"):
+        with pytest.raises(exporters.ExportError, match=r"u\d+ < 0"):
+            exporter.export(model, inputs, config)
+
+
 def test_esmfold_traces_with_a_symbolic_batch_once_its_identity_frames_are_made_afresh():
     context = _built_by_the_sweep("EsmForProteinFolding")
     exported = _export(context, "dynamo", dynamic=True)
