@@ -477,8 +477,9 @@ def _fix_ir_where_on_booleans(model) -> bool:
 
     rewritten = False
     for node in list(onnx_ir.traversal.RecursiveGraphIterator(model.graph)):
-        boolean = node.outputs[0].dtype == onnx_ir.DataType.BOOL if node.outputs else False
-        if node.op_type != "Where" or node.domain not in ("", "ai.onnx") or not boolean:
+        if node.op_type != "Where" or node.domain not in ("", "ai.onnx"):
+            continue
+        if node.outputs[0].dtype != onnx_ir.DataType.BOOL:
             continue
         condition, chosen, otherwise = node.inputs
         negated = onnx_ir.node("Not", [condition])
