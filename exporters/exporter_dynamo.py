@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.fx.experimental._config as fx_config
 from torch.utils import _pytree
 
 from .exported import Exported, build_metadata
@@ -1946,35 +1945,12 @@ def _patch_video_llama3_blocks_shrunk_at_once(original):
     return pixel_unshuffle
 
 
-def _interpolation_taps(grid_thw, side, mode, **kwargs):
-    """transformers' taps and weights resizing a square position table to every image's grid at once. It pads the
-    images' starts from a slice one shorter than the image count: for the two images of a trace a slice of one,
-    whose contiguity check fixes the count. Traced size-oblivious, no such size is read as one or zero (ExecuTorch's
-    re-trace in `to_edge` is not, and fixes Inkling 2's image count)."""
-    from transformers.vision_utils import get_vision_interpolation_indices_and_weights
-
-    with fx_config.patch(backed_size_oblivious=True):
-        return get_vision_interpolation_indices_and_weights(grid_thw, side, mode, **kwargs)
-
-
-@register_patch("dynamo", "transformers.models.inkling2.modeling_inkling2.get_vision_interpolation_indices_and_weights",
-                reports=True)
-def _patch_inkling2_taps_for_any_image_count(original):
-    """Inkling 2 computes its position-table taps in its tower (it does not take them precomputed): with
-    `_interpolation_taps`, for any image count."""
-
-    def get_vision_interpolation_indices_and_weights(grid_thw, num_grid_per_side, mode="bilinear", **kwargs):
-        report_applied()
-        return _interpolation_taps(grid_thw, num_grid_per_side, mode, **kwargs)
-
-    return get_vision_interpolation_indices_and_weights
-
-
 @register_patch("dynamo", "transformers.models.hunyuan_vl.modeling_hunyuan_vl.HunYuanVLVisionPatchEmbed.forward",
                 reports=True)
 def _patch_hunyuan_vl_positions_resized_at_once(original):
     """HunYuan-VL resizes its position table to each image's grid, image by image over `grid_thw`: it fixes the
-    image count. Every patch's position at once instead, from `_interpolation_taps`."""
+    image count. Every patch's position at once instead, from transformers' taps for all images."""
+    from transformers.vision_utils import get_vision_interpolation_indices_and_weights
 
     def forward(self, pixel_values, grid_thw):
         if not isinstance(grid_thw, torch.Tensor) or _geometry_baked(grid_thw):
@@ -1982,7 +1958,8 @@ def _patch_hunyuan_vl_positions_resized_at_once(original):
         report_applied()
         patches = pixel_values.reshape(-1, self.config.num_channels, self.patch_size, self.patch_size)
         embeddings = self.patch_embedding(patches.to(self.patch_embedding.weight.dtype)).flatten(1)
-        indices, weights = _interpolation_taps(grid_thw, self.position_edge, self.config.interpolate_mode)
+        indices, weights = get_vision_interpolation_indices_and_weights(grid_thw, self.position_edge,
+                                                                        self.config.interpolate_mode)
         table = self.position_embedding.weight[1:].float()  # the first row is the class token's
         positions = (table[indices] * weights[..., None]).sum(1).to(embeddings.dtype)
         return (embeddings + positions).unsqueeze(0)

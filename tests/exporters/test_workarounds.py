@@ -649,9 +649,6 @@ DYNAMIC_CELL_CASES = [  # (model class, backend, {workaround: (stage, message) o
     ("Ernie4_5_VLMoeModel", "dynamo", {"_patch_ernie_vl_frame_pairs_at_once": ("torch-export", "data-dependent")}),
     ("VideoLlama3Model", "dynamo",
      {"_patch_video_llama3_blocks_shrunk_at_once": ("torch-export", "data-dependent")}),
-    # exported on two images: its position-table taps pad a slice of one
-    ("Inkling2ForConditionalGeneration", "dynamo",
-     {"_patch_inkling2_taps_for_any_image_count": ("dynamic-axes", "image_grid_thw axis 0 = 2 (second set: 3)")}),
     ("HunYuanVLVisionTransformer", "dynamo",
      {"_patch_hunyuan_vl_images_merged_at_once": ("dynamic-axes", "grid_thw axis 0 = 2 (second set: 3)"),
       "_patch_hunyuan_vl_positions_resized_at_once": ("dynamic-axes", "grid_thw axis 0 = 2 (second set: 3)")}),
