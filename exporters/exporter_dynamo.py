@@ -1472,6 +1472,8 @@ def _patch_lightglue_stops_and_prunes_by_masks(original):
 
     def _match_image_pair(self, keypoints, descriptors, height, width, mask=None, output_attentions=None,
                           output_hidden_states=None):
+        # a traced keypoint count is known to be two or more here: the next patch, registered after this one, wraps
+        # it and checks that first
         if (mask is None or output_attentions or output_hidden_states or self.depth_confidence <= 0
                 or self.width_confidence <= 0 or keypoints.shape[2] == 0):
             return original(self, keypoints, descriptors, height, width, mask, output_attentions,
