@@ -3265,6 +3265,46 @@ def _patch_funnel_relative_shift_indexed(_original):
     return _relative_shift_gather
 
 
+# Gated delta rule layers (Qwen3-Next family, OLMo Hybrid) solve each chunk's unit lower-triangular system with
+# `solve_triangular`, which no ONNX or ExecuTorch op implements, and under export build its inverse row by row instead:
+# 63 slice-and-scatter steps for a chunk of 64, hundreds of nodes per layer whose symbolic sizes make ExecuTorch's
+# re-traces the slowest part of the sweep (its timeouts). Their module asks `is_torchdynamo_exporting` only there.
+_DELTA_RULE_MODULES = ("olmo_hybrid", "qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen4_exp")
+
+
+@register_patch("dynamo", *(f"transformers.models.{name}.modeling_{name}.is_torchdynamo_exporting"
+                            for name in _DELTA_RULE_MODULES))  # fmt: skip
+def _patch_delta_rule_solves_as_eager(_original):
+    """The trace takes eager's branch, the triangular solve, which `_patch_unit_triangular_solve_as_products`
+    expresses in matrix products."""
+    return lambda: False
+
+
+@register_patch("dynamo", "torch.linalg.solve_triangular", reports=True)
+def _patch_unit_triangular_solve_as_products(original):
+    """For a unit lower-triangular ``A = I - N`` (``N`` strictly lower, so ``N**n = 0``), ``A⁻¹ = I + N + N² + …``,
+    which is ``(I + N)(I + N²)(I + N⁴)…``: about 2·log2(n) matrix products, exact up to rounding."""
+
+    def solve_triangular(A, B, *, upper, left=True, unitriangular=False, out=None):
+        size = A.shape[-1]
+        if isinstance(size, torch.SymInt):  # a width reshaped out of a symbolic length may still be proven constant
+            from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+            hint = size.node.hint
+            size = hint if hint is not None and statically_known_true(size == hint) else None
+        if upper or not left or not unitriangular or out is not None or size is None:
+            return original(A, B, upper=upper, left=left, unitriangular=unitriangular, out=out)
+        report_applied()
+        power = -A.tril(-1)
+        inverse = torch.eye(size, dtype=A.dtype, device=A.device) + power
+        for _ in range(max(size - 1, 1).bit_length() - 1):  # the powers up to N**(n-1)
+            power = power @ power
+            inverse = inverse + inverse @ power
+        return inverse @ B
+
+    return solve_triangular
+
+
 # Vision towers that pack several images into one sequence (Qwen-VL style, `cu_seqlens` marks where each image
 # starts) attend image by image: `torch.split(q, lengths.tolist())`, sizes read from tensor values, which torch.export
 # cannot trace. Their flash-attention branch hands `cu_seqlens` to the attention function instead, so for the trace

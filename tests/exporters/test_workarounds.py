@@ -1155,6 +1155,36 @@ def test_onnx_runtime_chooses_between_masks_by_logic():
         as_converted(**inputs)
 
 
+class _ChunkSolve(torch.nn.Module):
+    def forward(self, system, values):
+        return torch.linalg.solve_triangular(system, values, upper=False, unitriangular=True)
+
+
+@pytest.mark.parametrize("backend, error", [("onnx", "linalg_solve_triangular"), ("executorch", "SpecViolationError")])
+def test_a_unit_triangular_solve_is_exported_as_products(backend, error):
+    model, inputs = _ChunkSolve(), {"system": torch.randn(2, 64, 64) * 0.2, "values": torch.randn(2, 64, 3)}
+    exporter, config = exporters.exporter_for(backend)
+    exported = exporter.export(model, inputs, config)
+    assert "_patch_unit_triangular_solve_as_products" in exported.applied
+    other = {"system": torch.randn(2, 64, 64) * 0.2, "values": torch.randn(2, 64, 3)}
+    (got,) = exported(**other).values()
+    torch.testing.assert_close(torch.as_tensor(got), model(**other), atol=1e-4, rtol=1e-4)
+    with disabled_workarounds("_patch_unit_triangular_solve_as_products"), pytest.raises(Exception, match=error):
+        exporter.export(model, inputs, config)
+
+
+def test_the_delta_rule_is_traced_as_eagers_solve_not_row_by_row():
+    def row_updates(program):  # the row-by-row inverse writes one row of the chunk's system per step
+        return sum(node.target is torch.ops.aten.copy_.default for node in program.graph.nodes)
+
+    context, export = _exported_on_the_varying_axes("Qwen3NextModel", ["_patch_delta_rule_solves_as_eager",
+                                                                       "_patch_unit_triangular_solve_as_products"])
+    with disabled_workarounds("_patch_delta_rule_solves_as_eager"):
+        row_by_row = export()
+    chunk_size = 64  # the layer's default, which it does not change
+    assert row_updates(row_by_row.program) - row_updates(export().program) == chunk_size - 1
+
+
 class _TaskPrompts(torch.nn.Module):
     def __init__(self, language_backbone):
         super().__init__()
