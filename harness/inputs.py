@@ -350,6 +350,8 @@ def _noise(context: Context) -> torch.Tensor:
 
 
 def _input_ids(context: Context) -> torch.Tensor:
+    if "input_ids" in context.inputs_so_far:  # filled with the inputs they go with (ESMFold 2's proteins)
+        return context.inputs_so_far["input_ids"]
     codes = getattr(context.config, "n_codes_total", None)
     if isinstance(codes, int) and "codebook_idx" in context.parameters:  # Bark's fine model: every codebook at once
         return torch.stack([context.tokens() for _ in range(codes)], dim=-1)
@@ -739,8 +741,37 @@ _MEL_FLOW = {  # Qwen2.5-Omni's token-to-wav DiT alone: one flow step over the m
     "time_step": lambda c: torch.rand(c.batch, generator=c.generator),
 }
 
+_AMINO_ACIDS = "ACDEFGHIKLMNPQRSTVWY"
+# per-atom features of a protein's reference conformer, which ESMFold 2 takes bundled in one dataclass
+_ATOM_FIELDS = ("ref_pos", "ref_charge", "atom_attention_mask", "ref_element", "ref_atom_name_chars", "ref_space_uid",
+                "atom_to_token")
+
+
+def _protein_tokens(context: Context) -> torch.Tensor:
+    """ESMFold 2's trunk: random proteins featurized by transformers' own featurizer, one per sample, their atom
+    lists padded to the longest as masked atoms. Fills every per-token, per-atom and language-model input."""
+    from transformers.models.esmfold2 import modeling_esmfold2, protein_utils
+
+    picks = torch.randint(len(_AMINO_ACIDS), (context.batch, context.length), generator=context.generator)
+    samples = [protein_utils.prepare_protein_features("".join(_AMINO_ACIDS[i] for i in row)) for row in picks.tolist()]
+    atoms = max(sample["ref_pos"].shape[1] for sample in samples)
+    for sample in samples:
+        for name in _ATOM_FIELDS:
+            value = sample[name]
+            pad = [0, 0] * (value.dim() - 2) + [0, atoms - value.shape[1]]
+            sample[name] = torch.nn.functional.pad(value, pad)
+    features = {name: torch.cat([sample[name] for sample in samples]) for name in samples[0]}
+    wanted = set(context.parameters) - set(_ATOM_FIELDS)
+    context.inputs_so_far.update({name: value for name, value in features.items() if name in wanted})
+    context.inputs_so_far["atom_inputs"] = modeling_esmfold2.EsmFold2AtomInputs(
+        **{name: features[name] for name in _ATOM_FIELDS}
+    )
+    return features["token_index"]
+
+
 _RULES: dict[str, Callable[[Context], Any]] = {
     **_TRAJECTORY,
+    "token_index": _protein_tokens,
     **_MEL_FLOW,
     **_RETRIEVED,
     **_CLASS_PROMPTS,

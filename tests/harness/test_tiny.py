@@ -220,6 +220,17 @@ def test_outputs_that_change_between_two_eager_calls_fail_and_those_that_agree_t
     assert ClassContext(select("ViltForQuestionAnswering")[0]).prepare().ok
 
 
+def test_a_protein_trunk_is_fed_featurized_proteins_and_found_random():
+    """ESMFold 2's trunk takes residues, their atoms and language-model ids, which transformers' featurizer gives per
+    protein; it starts from a random pair state, so its eager outputs are no function of its inputs."""
+    context = ClassContext(select("EsmFold2Model")[0]).prepare()
+    inputs, atoms = context.inputs["A"], context.inputs["A"]["atom_inputs"]
+    assert atoms.ref_pos.shape[:2] == atoms.atom_to_token.shape == atoms.atom_attention_mask.shape
+    assert inputs["input_ids"].shape == inputs["res_type"].shape == (2, 7)
+    assert inputs["input_ids"].max() < context.config.esmc_config.vocab_size, "ESM's own ids, not random text"
+    assert context.stages[-1].message.startswith("eager outputs change between two calls")
+
+
 def test_a_deep_convolutional_head_keeps_its_signal_where_an_export_rounds_within_tolerance():
     """ZoeDepth at init scale 0.2 reached activations in the thousands, and an export summing in another order
     missed eager by 8e-4; at its default scale the image fades out before the depth."""
