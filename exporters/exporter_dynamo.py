@@ -3305,6 +3305,25 @@ def _patch_unit_triangular_solve_as_products(original):
     return solve_triangular
 
 
+@register_patch("dynamo", *(f"transformers.models.{name}.modeling_{name}.chunk_kimi_delta_attention"
+                            for name in ("bailing_hybrid", "glm5_next", "kimi_linear")), reports=True)  # fmt: skip
+def _patch_kimi_delta_chunks_fit_a_static_text(original):
+    """Kimi delta attention (GLM-5 Next, Bailing Hybrid) inverts each chunk's triangular system row by row, always,
+    one traced step per row of a 64-token chunk, whatever the text's length. The chunk is the algorithm's unit of
+    work, not of its arithmetic: a static text shorter than a chunk is one chunk of its own length, the same outputs
+    to rounding in as many steps as it has tokens. A symbolic length keeps the model's chunks (the program serves
+    lengths up to one of them)."""
+
+    def chunk_kimi_delta_attention(query, key, value, g, beta, chunk_size=64, **kwargs):
+        length = query.shape[1]
+        if isinstance(length, int) and length < chunk_size:
+            report_applied()
+            chunk_size = max(length, 1)
+        return original(query, key, value, g, beta, chunk_size, **kwargs)
+
+    return chunk_kimi_delta_attention
+
+
 # Vision towers that pack several images into one sequence (Qwen-VL style, `cu_seqlens` marks where each image
 # starts) attend image by image: `torch.split(q, lengths.tolist())`, sizes read from tensor values, which torch.export
 # cannot trace. Their flash-attention branch hands `cu_seqlens` to the attention function instead, so for the trace

@@ -1173,16 +1173,32 @@ def test_a_unit_triangular_solve_is_exported_as_products(backend, error):
         exporter.export(model, inputs, config)
 
 
-def test_the_delta_rule_is_traced_as_eagers_solve_not_row_by_row():
-    def row_updates(program):  # the row-by-row inverse writes one row of the chunk's system per step
-        return sum(node.target is torch.ops.aten.copy_.default for node in program.graph.nodes)
+def _row_updates(exported):
+    """Steps of a row-by-row inverse: each writes one row of a chunk's triangular system."""
+    return sum(node.target is torch.ops.aten.copy_.default for node in exported.program.graph.nodes)
 
-    context, export = _exported_on_the_varying_axes("Qwen3NextModel", ["_patch_delta_rule_solves_as_eager",
-                                                                       "_patch_unit_triangular_solve_as_products"])
+
+CHUNK_SIZE = 64  # delta rule layers' default chunk, which they do not change
+
+
+def test_the_delta_rule_is_traced_as_eagers_solve_not_row_by_row():
+    _, export = _exported_on_the_varying_axes("Qwen3NextModel", ["_patch_delta_rule_solves_as_eager",
+                                                                 "_patch_unit_triangular_solve_as_products"])
     with disabled_workarounds("_patch_delta_rule_solves_as_eager"):
         row_by_row = export()
-    chunk_size = 64  # the layer's default, which it does not change
-    assert row_updates(row_by_row.program) - row_updates(export().program) == chunk_size - 1
+    assert _row_updates(row_by_row) - _row_updates(export()) == CHUNK_SIZE - 1
+
+
+def test_kimi_delta_attention_takes_one_chunk_as_long_as_a_static_text():
+    context = _built_by_the_sweep("BailingHybridModel")
+    exporter, config = exporters.exporter_for("dynamo")
+    exported = exporter.export(context.model, context.inputs["A"], config)
+    assert "_patch_kimi_delta_chunks_fit_a_static_text" in exported.applied
+    assert_parity(exported(**context.inputs["A"]), context.expected["A"], TOLERANCE["dynamo"])
+    with disabled_workarounds("_patch_kimi_delta_chunks_fit_a_static_text"):
+        in_model_chunks = exporter.export(context.model, context.inputs["A"], config)
+    length = context.inputs["A"]["input_ids"].shape[1]
+    assert _row_updates(in_model_chunks) - _row_updates(exported) == (CHUNK_SIZE - 1) - (length - 1)
 
 
 class _TaskPrompts(torch.nn.Module):
