@@ -761,8 +761,7 @@ def _protein_tokens(context: Context) -> torch.Tensor:
             pad = [0, 0] * (value.dim() - 2) + [0, atoms - value.shape[1]]
             sample[name] = torch.nn.functional.pad(value, pad)
     features = {name: torch.cat([sample[name] for sample in samples]) for name in samples[0]}
-    wanted = set(context.parameters) - set(_ATOM_FIELDS)
-    context.inputs_so_far.update({name: value for name, value in features.items() if name in wanted})
+    context.inputs_so_far.update({name: value for name, value in features.items() if name in context.parameters})
     context.inputs_so_far["atom_inputs"] = modeling_esmfold2.EsmFold2AtomInputs(
         **{name: features[name] for name in _ATOM_FIELDS}
     )

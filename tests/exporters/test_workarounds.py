@@ -527,7 +527,7 @@ def test_a_model_class_exports_with_its_workaround_and_fails_without(name, backe
 
 def _exported_on_the_varying_axes(name, workarounds):
     """``name`` as the sweep builds it and its dynamic export on the axes the two input sets vary, with
-    ``workarounds`` applied and the second set run like eager; ``export()`` exports it again."""
+    ``workarounds`` applied and the second set run like eager, that program, and ``export()``, which exports it again."""
     from harness.cells import varying_axes
 
     context = _built_by_the_sweep(name)
@@ -536,14 +536,14 @@ def _exported_on_the_varying_axes(name, workarounds):
     exported = exporter.export(context.model, first, config)
     assert set(workarounds) <= set(exported.applied)
     assert_parity(exported(**second), context.expected["B"], TOLERANCE["dynamo"])
-    return context, lambda: exporter.export(context.model, first, config)
+    return context, exported, lambda: exporter.export(context.model, first, config)
 
 
 def _fixed_axes_with_and_without(name, workarounds):
     """With each workaround disabled the export fixes some of the axes the sweep varies: which, per workaround."""
     from harness.cells import specialized_axes
 
-    context, export = _exported_on_the_varying_axes(name, workarounds)
+    context, _, export = _exported_on_the_varying_axes(name, workarounds)
     first, second = context.inputs["A"], context.inputs["B"]
     fixed = {}
     for workaround in workarounds:
@@ -870,7 +870,7 @@ def test_funnel_relative_shift_as_a_gather_serves_every_length():
         expected = _relative_shift_gather(scores, context_len, shift)
         torch.testing.assert_close(gathered(scores, context_len, shift), expected)
 
-    context, export = _exported_on_the_varying_axes("FunnelModel", ["_patch_funnel_relative_shift_indexed"])
+    context, _, export = _exported_on_the_varying_axes("FunnelModel", ["_patch_funnel_relative_shift_indexed"])
     with disabled_workarounds("_patch_funnel_relative_shift_indexed"):
         reshaped = export()
     with pytest.raises(Exception, match="Guard failed"):
@@ -915,7 +915,7 @@ def test_cpmant_padding_mask_by_arange_is_the_listed_one():
 
 def test_moonshine_keeps_a_symbolic_audio_length_and_a_causal_decoder():
     # its decoder passes `is_causal=False` whenever it is handed a mask: a causal module all the same
-    context, export = _exported_on_the_varying_axes("MoonshineModel", ["_patch_moonshine_conv_lengths_floor_divided"])
+    context, _, export = _exported_on_the_varying_axes("MoonshineModel", ["_patch_moonshine_conv_lengths_floor_divided"])
     with disabled_workarounds("_patch_moonshine_conv_lengths_floor_divided"):
         truncated = export()
     with pytest.raises(Exception, match="Guard failed: .*attention_mask"):
@@ -924,7 +924,7 @@ def test_moonshine_keeps_a_symbolic_audio_length_and_a_causal_decoder():
 
 def test_vits_pads_its_relative_positions_for_any_text_length():
     # exported on a text longer than the window (padded), matches eager on one that fits it (not padded)
-    context, export = _exported_on_the_varying_axes("VitsModel", ["_patch_vits_relative_embeddings_padded_always"])
+    context, _, export = _exported_on_the_varying_axes("VitsModel", ["_patch_vits_relative_embeddings_padded_always"])
     window = next(module.window_size for module in context.model.modules() if hasattr(module, "window_size"))
     assert context.inputs["B"]["input_ids"].shape[1] <= window + 1 < context.inputs["A"]["input_ids"].shape[1]
     with disabled_workarounds("_patch_vits_relative_embeddings_padded_always"):
@@ -957,7 +957,7 @@ def test_music_flamingo_keeps_a_symbolic_batch_of_clips():
 
 @pytest.mark.parametrize("name", ["SEWModel", "SEWDModel"])
 def test_sew_keeps_a_symbolic_length_whatever_its_parity(name):
-    context, export = _exported_on_the_varying_axes(name, ["_patch_sew_upsampled_to_its_input_length"])
+    context, _, export = _exported_on_the_varying_axes(name, ["_patch_sew_upsampled_to_its_input_length"])
     with disabled_workarounds("_patch_sew_upsampled_to_its_input_length"):
         branched = export()
     with pytest.raises(Exception, match="Guard failed: .*input_values"):
@@ -966,7 +966,7 @@ def test_sew_keeps_a_symbolic_length_whatever_its_parity(name):
 
 @pytest.mark.parametrize("name", ["VoxtralModel", "InklingModel"])
 def test_placeholder_checks_by_count_export_with_a_symbolic_batch(name):
-    _context, export = _exported_on_the_varying_axes(name, ["_patch_placeholder_count_checked_by_sum"])
+    _context, _, export = _exported_on_the_varying_axes(name, ["_patch_placeholder_count_checked_by_sum"])
     with disabled_workarounds("_patch_placeholder_count_checked_by_sum"):
         with pytest.raises(exporters.ExportError, match="not a subset of src_bound"):
             export()
@@ -1182,11 +1182,11 @@ CHUNK_SIZE = 64  # delta rule layers' default chunk, which they do not change
 
 
 def test_the_delta_rule_is_traced_as_eagers_solve_not_row_by_row():
-    _, export = _exported_on_the_varying_axes("Qwen3NextModel", ["_patch_delta_rule_solves_as_eager",
-                                                                 "_patch_unit_triangular_solve_as_products"])
+    _, as_eager, export = _exported_on_the_varying_axes("Qwen3NextModel", ["_patch_delta_rule_solves_as_eager",
+                                                                           "_patch_unit_triangular_solve_as_products"])
     with disabled_workarounds("_patch_delta_rule_solves_as_eager"):
         row_by_row = export()
-    assert _row_updates(row_by_row) - _row_updates(export()) == CHUNK_SIZE - 1
+    assert _row_updates(row_by_row) - _row_updates(as_eager) == CHUNK_SIZE - 1
 
 
 def test_kimi_delta_attention_takes_one_chunk_as_long_as_a_static_text():
@@ -2231,7 +2231,7 @@ def test_lfm3_vl_convolution_by_neighbours_is_eagers_frame_by_frame():
     by_neighbours = _patch_lfm3_vl_convolution_by_neighbours(type(conv).forward)
     with torch.no_grad():
         torch.testing.assert_close(by_neighbours(conv, hidden, _WholeSplit(grids)), conv(hidden, grids.tolist()))
-    _, export = _exported_on_the_varying_axes("Lfm3VlVisionModel", ["_patch_lfm3_vl_convolution_by_neighbours"])
+    _, _, export = _exported_on_the_varying_axes("Lfm3VlVisionModel", ["_patch_lfm3_vl_convolution_by_neighbours"])
     with disabled_workarounds("_patch_lfm3_vl_convolution_by_neighbours"), pytest.raises(Exception, match="symbolic"):
         export()  # the grid the tower hands its layers stays a symbolic count, which the loop cannot iterate
 
@@ -2261,8 +2261,8 @@ def test_step3p7_tower_lays_out_its_positions_from_its_grid_not_from_data():
     def read_from_data(exported):
         return [symbol for symbol in exported.program.range_constraints if str(symbol).startswith("u")]
 
-    _, export = _exported_on_the_varying_axes("Step3p7VisionModel", ["_patch_step3p7_positions_from_the_grid"])
-    assert read_from_data(export()) == []
+    _, exported, export = _exported_on_the_varying_axes("Step3p7VisionModel", ["_patch_step3p7_positions_from_the_grid"])
+    assert read_from_data(exported) == []
     with disabled_workarounds("_patch_step3p7_positions_from_the_grid"):
         assert read_from_data(export())
 
@@ -2362,7 +2362,7 @@ def test_cosmos3_edge_positions_resized_at_once_are_eagers_frame_by_frame():
     for merge in (1, 2):
         torch.testing.assert_close(at_once(table, grids, merge), original(table, grids, merge))
     workaround = "_patch_cosmos3_edge_positions_resized_at_once"
-    _, export = _exported_on_the_varying_axes("Cosmos3EdgeVisionModel", [workaround])
+    _, _, export = _exported_on_the_varying_axes("Cosmos3EdgeVisionModel", [workaround])
     with disabled_workarounds(workaround), pytest.raises(
             exporters.ExportError, match="data-dependent"):
         export()
