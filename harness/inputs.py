@@ -741,6 +741,12 @@ _MEL_FLOW = {  # Qwen2.5-Omni's token-to-wav DiT alone: one flow step over the m
     "time_step": lambda c: torch.rand(c.batch, generator=c.generator),
 }
 
+_TOKEN_TO_WAV = {  # Qwen2.5-Omni's token-to-wav whole: speech codes, the voice's embedding and its reference mel
+    "code": lambda c: torch.randint(0, c.get("num_embeds", None, "dit_config"), (c.batch, c.length), generator=c.generator),
+    "conditioning": lambda c: c.randn(c.batch, c.get("enc_emb_dim", None, "dit_config")),
+    "reference_mel": lambda c: c.randn(c.batch, 4 * c.length, c.get("mel_dim", None, "dit_config")),
+}
+
 _AMINO_ACIDS = "ACDEFGHIKLMNPQRSTVWY"
 # per-atom features of a protein's reference conformer, which ESMFold 2 takes bundled in one dataclass
 _ATOM_FIELDS = ("ref_pos", "ref_charge", "atom_attention_mask", "ref_element", "ref_atom_name_chars", "ref_space_uid",
@@ -772,6 +778,7 @@ _RULES: dict[str, Callable[[Context], Any]] = {
     **_TRAJECTORY,
     "token_index": _protein_tokens,
     **_MEL_FLOW,
+    **_TOKEN_TO_WAV,
     **_RETRIEVED,
     **_CLASS_PROMPTS,
     **_FLOW_POLICY,

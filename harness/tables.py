@@ -202,8 +202,10 @@ TINY_OVERRIDES: dict[str, dict] = {
     "diffusion_gemma_text": {"num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 32},
     # a Swin tower: its output is the patch width doubled per stage after the first (two stages here)
     "clap_audio_model": {"hidden_size": 64},
-    # its six upsampling stages halve the channels each: 128 leaves 2 at the end
-    "qwen2_5_omni_bigvgan": {"upsample_initial_channel": 128},
+    # its six upsampling stages halve the channels each: 128 leaves 2 at the end. Its 40-odd unnormed convolutions
+    # multiply the init scale's gain: at 0.02 the waveform is 7e-7 (below any parity tolerance: every program would
+    # match it), at 0.08 it saturates at ±1; at 0.07 it spreads with std 0.16
+    "qwen2_5_omni_bigvgan": {"upsample_initial_channel": 128, "initializer_range": 0.07},
     # its codes are as wide as its two encoders side by side, which the config derives when left unset
     "xcodec": {"codebook_dim": None},
     # ESMFold's trunk (its config exists only for the folding class) at widths its heads divide: 32 M weights
@@ -214,8 +216,11 @@ TINY_OVERRIDES: dict[str, dict] = {
             "esmfold_config.trunk.structure_module.pairwise_dim": 32,
             "esmfold_config.trunk.structure_module.resnet_dim": 32,
             "esmfold_config.trunk.structure_module.num_heads_ipa": 2},
-    # its quantizer reads the codec's and the semantic encoder's widths together (1024 + 1024 in checkpoints)
-    "xcodec2": {"quantization_dim": 64},
+    # its quantizer reads the codec's and the semantic encoder's widths together (1024 + 1024 in checkpoints);
+    # encoder channels double at each of its five downsampling stages: start narrow (15M weights at 48). At init
+    # scale 0.02 its 20-odd unnormed convolutions shrink the audio to 1e-7 and every latent rounds to the middle
+    # level of its scalar quantizer (one code for any input); at 0.1 both encoders hand over states of about one
+    "xcodec2": {"quantization_dim": 64, "encoder_hidden_size": 4, "initializer_range": 0.1},
     # the retrieval and text-projection heads read text through the Q-Former, as their checkpoints set (the other
     # classes never feed it text)
     "blip-2": {"qformer_config.use_qformer_text_input": True},
@@ -358,8 +363,9 @@ TINY_OVERRIDES: dict[str, dict] = {
     # its model builds its cache from the composite config, which has no num_hidden_layers (transformers 5.23
     # fails there in eager too): the forward runs without one; its byte n-gram hash table has 500k rows per n
     "blt": {"use_cache": False, "encoder_hash_byte_group_vocab": 64},
-    # the quantizer reads the concatenated acoustic and semantic states: its width is their sum
-    "neucodec": {"quantization_dim": 64},
+    # the quantizer reads the concatenated acoustic and semantic states: its width is their sum; X-Codec 2's encoder
+    # and init scale (above)
+    "neucodec": {"quantization_dim": 64, "encoder_hidden_size": 4, "initializer_range": 0.1},
     # the text config alone lacks the initializer_range its weight init reads (the composite config carries it)
     "pix2struct_text_model": {"initializer_range": 0.02},
     # encoder channels double at each of its four downsampling stages: start narrow, or it alone has 5M weights

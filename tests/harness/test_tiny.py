@@ -160,6 +160,7 @@ KINDS = {
     "VisualBertForRegionToPhraseAlignment": "text",  # image regions, and where each phrase is read
     "EncodecModel": "audio",  # codebooks that are not all zero: the audio reaches the decoded output
     "XcodecModel": "audio",  # codes as wide as its two encoders together
+    "NeuCodecModel": "audio",  # latents spread over its scalar quantizer's levels: the audio reaches the output
     "MimiDecoderModel": "audio",  # latent frames
     # a required mask that may be None; mel frames as wide as its input_size; depthwise channels under
     # names of their own
@@ -229,6 +230,23 @@ def test_a_protein_trunk_is_fed_featurized_proteins_and_found_random():
     assert inputs["input_ids"].shape == inputs["res_type"].shape == (2, 7)
     assert inputs["input_ids"].max() < context.config.esmc_config.vocab_size, "ESM's own ids, not random text"
     assert context.stages[-1].message.startswith("eager outputs change between two calls")
+
+
+def test_a_token_to_wav_is_fed_speech_codes_and_found_random():
+    """Qwen2.5-Omni's token-to-wav starts its flow from noise drawn in its forward: with a vocoder at an init scale
+    that leaves a waveform above the tolerance (at the default one it was 7e-7), the repeat check sees it."""
+    context = ClassContext(select("Qwen2_5OmniToken2WavModel")[0]).prepare()
+    assert set(context.inputs["A"]) == {"code", "conditioning", "reference_mel"}
+    assert context.stages[-1].message.startswith("eager outputs change between two calls")
+
+
+def test_a_codecs_scalar_quantizer_gives_frames_codes_of_their_own():
+    """X-Codec 2 (like NeuCodec) rounds its latents to a few levels per dimension; at the default init scale its
+    tiny random encoder shrank them until all rounded to the middle one: one code for every frame of any input."""
+    context = ClassContext(select("Xcodec2Model")[0]).prepare()
+    assert context.ok, context.stages[-1].message
+    codes = context.expected["A"]["audio_codes"]
+    assert codes.unique().numel() > codes.numel() // 4
 
 
 def test_a_deep_convolutional_head_keeps_its_signal_where_an_export_rounds_within_tolerance():
