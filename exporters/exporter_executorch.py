@@ -369,6 +369,46 @@ def _patch_fnet_fourier_as_matmul(original):
     return forward
 
 
+def _inverse_real_dft_basis(size, like):
+    """The inverse real FFT of ``size`` points as two matrices: frames = real @ cosines - imaginary @ sines, for a
+    one-sided spectrum of ``size // 2 + 1`` bins. Bins between DC and Nyquist stand for their conjugate too (twice);
+    the sines of DC and Nyquist vanish, so their imaginary parts are ignored, as `irfft` ignores them."""
+    bins = torch.arange(size // 2 + 1, device=like.device)
+    angle = (bins[:, None] * torch.arange(size, device=like.device)[None, :] % size).to(like.dtype) * (2 * math.pi / size)
+    twice = torch.ones(size // 2 + 1, dtype=like.dtype, device=like.device)
+    twice[1 : (size + 1) // 2] = 2  # an even size's last bin is Nyquist: once
+    return angle.cos() * twice[:, None] / size, angle.sin() * twice[:, None] / size
+
+
+@register_patch(
+    "executorch",
+    "transformers.models.neucodec.modeling_neucodec.NeuCodecISTFTHead.forward",
+    "transformers.models.xcodec2.modeling_xcodec2.Xcodec2ISTFTHead.forward",
+)
+def _patch_vocos_istft_as_real_products(_original):
+    """NeuCodec's and X-Codec 2's heads (Vocos') make a complex spectrum of magnitude and phase (`torch.polar`),
+    turn it into frames by an inverse real FFT and overlap-add those: no complex op is in the Core ATen opset.
+    The same frames are two matrix products of the spectrum's real and imaginary parts; the overlap-add is a
+    transposed convolution by the identity at a stride of the hop, which adds each frame in at its offset."""
+
+    def overlap_added(frames, hop):  # (batch, n_fft, frames) -> (batch, (frames - 1) * hop + n_fft)
+        offsets = torch.arange(frames.shape[1], device=frames.device)  # not `eye`: to_edge makes its positions uint16
+        identity = (offsets[:, None] == offsets[None, :]).to(frames.dtype)[:, None, :]
+        return torch.nn.functional.conv_transpose1d(frames, identity, stride=hop)[:, 0]
+
+    def forward(self, hidden_states):
+        magnitude, phase = self.linear(hidden_states).float().chunk(2, dim=-1)
+        magnitude = magnitude.exp().clamp(max=1e2)
+        cosines, sines = _inverse_real_dft_basis(self.n_fft, magnitude)
+        frames = (magnitude * phase.cos()) @ cosines - (magnitude * phase.sin()) @ sines
+        audio = overlap_added((frames * self.window).transpose(1, 2), self.hop_length)
+        window_envelope = overlap_added(self.window.square()[None, :, None].expand(1, -1, frames.shape[1]), self.hop_length)
+        trim = slice(self.padding, -self.padding)
+        return (audio[:, trim] / window_envelope[0, trim].clamp(min=1e-11)).unsqueeze(1)
+
+    return forward
+
+
 # ── Stage 3: ExecuTorch patches ──────────────────────────────────────────────
 # `@register_patch("executorch", "executorch.<internal>")`: lowering steps that fail on valid graphs.
 
@@ -866,8 +906,9 @@ def _fix_unbounded_dynamic_axes(exported_program) -> bool:
             # only input axes (backed symbols, s0...): a data-dependent size (u0...) has no traced value to grow from
             if not isinstance(bounds.upper, IntInfinity) or str(symbol).startswith("u"):
                 continue
-            traced = traced_sizes.get(symbol)
-            traced = int(traced) if traced is not None and traced.is_finite else 2
+            # a key may be an expression of symbols: X-Codec 2's samples, 320 per frame of its features (320*s37)
+            traced = symbol.xreplace(traced_sizes)
+            traced = int(traced) if traced.is_number and traced.is_finite else 2
             lower = bounds.lower if bounds.lower.is_finite else 0
             ranges[symbol] = ValueRanges(lower, max(traced * _DYNAMIC_GROWTH, _DYNAMIC_FLOOR))
             changed = True

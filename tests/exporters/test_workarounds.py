@@ -129,6 +129,22 @@ def test_executorch_dynamic_axes_get_an_upper_bound():
         unbounded(**longer)  # memory was planned for the traced size only
 
 
+class _FramedSamples(torch.nn.Module):
+    """X-Codec 2 reads raw samples beside their features, a fixed number of samples per frame (320; 20 here): the
+    samples' axis is an expression of the frames' symbol, at least 40 for the two frames an axis has at least."""
+
+    def forward(self, samples, features):
+        return samples.view(samples.shape[0], features.shape[1], 20) + features
+
+
+def test_an_axis_sized_by_an_expression_gets_its_bound_from_its_traced_size():
+    model = _FramedSamples()
+    inputs = {"samples": torch.randn(2, 100), "features": torch.randn(2, 5, 20)}
+    exported = _executorch_dynamic(model, inputs)
+    longer = {"samples": torch.randn(3, 180), "features": torch.randn(3, 9, 20)}
+    _assert_runs_like_eager(exported, model, longer)
+
+
 class _RepeatedByCounts(torch.nn.Module):
     """SeamlessM4T's vocoder: each unit repeated for its predicted duration, a length read from data."""
 
@@ -922,6 +938,14 @@ def test_moonshine_keeps_a_symbolic_audio_length_and_a_causal_decoder():
         truncated(**context.inputs["B"])
 
 
+def test_neucodec_cuts_its_audio_at_a_symbolic_length():
+    context, _, export = _exported_on_the_varying_axes("NeuCodecModel", ["_patch_neucodec_output_length_in_integers"])
+    with disabled_workarounds("_patch_neucodec_output_length_in_integers"):
+        cut_at_the_first_length = export()
+    with pytest.raises(Exception, match="Guard failed: .*input_values"):
+        cut_at_the_first_length(**context.inputs["B"])
+
+
 def test_vits_pads_its_relative_positions_for_any_text_length():
     # exported on a text longer than the window (padded), matches eager on one that fits it (not padded)
     context, _, export = _exported_on_the_varying_axes("VitsModel", ["_patch_vits_relative_embeddings_padded_always"])
@@ -1171,6 +1195,23 @@ def test_a_unit_triangular_solve_is_exported_as_products(backend, error):
     torch.testing.assert_close(torch.as_tensor(got), model(**other), atol=1e-4, rtol=1e-4)
     with disabled_workarounds("_patch_unit_triangular_solve_as_products"), pytest.raises(Exception, match=error):
         exporter.export(model, inputs, config)
+
+
+def test_a_vocos_head_turns_its_spectrum_into_audio_in_real_products():
+    """NeuCodec's inverse STFT on the ExecuTorch runtime, frames of 96 samples every 24 (its hop, the encoder's 16
+    at the decoder's 1.5 times the rate; 36 samples trimmed on each side)."""
+    from transformers import NeuCodecConfig
+    from transformers.models.neucodec.modeling_neucodec import NeuCodecISTFTHead
+
+    head = NeuCodecISTFTHead(NeuCodecConfig(hidden_size=32, downsampling_ratios=[2, 2, 4])).eval()
+    inputs = {"hidden_states": torch.randn(2, 9, 32)}
+    exporter, config = exporters.exporter_for("executorch")
+    exported = exporter.export(head, inputs, config)
+    assert "_patch_vocos_istft_as_real_products" in exported.applied
+    (audio,) = exported(**inputs).values()
+    torch.testing.assert_close(torch.as_tensor(audio), head(**inputs), atol=1e-4, rtol=1e-4)
+    with disabled_workarounds("_patch_vocos_istft_as_real_products"), pytest.raises(Exception, match="aten.polar"):
+        exporter.export(head, inputs, config)
 
 
 def _row_updates(exported):
