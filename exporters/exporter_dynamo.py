@@ -710,6 +710,33 @@ def _patch_moonshine_conv_lengths_floor_divided(original):
     return _get_feat_extract_output_lengths
 
 
+@register_patch("dynamo", "transformers.models.neucodec.modeling_neucodec.NeuCodecModel.forward", reports=True)
+def _patch_neucodec_output_length_in_integers(original):
+    """NeuCodec decodes at another sampling rate than it reads and cuts the audio at `int(samples * factor)`, the
+    factor a float ratio of the two rates: `int()` of a symbolic length can only fix the length. The same cut is
+    `samples * output_rate // input_rate`, which stays symbolic (and equal, where the float product is exact:
+    checkpoints' 16 kHz to 24 kHz is 1.5)."""
+    from transformers.models.neucodec.modeling_neucodec import NeuCodecOutput
+
+    def forward(self, input_values, input_features, padding_mask=None, input_features_mask=None,
+                output_latents=False, **kwargs):  # fmt: skip
+        if not isinstance(input_values.shape[-1], torch.SymInt):
+            return original(self, input_values, input_features, padding_mask, input_features_mask, output_latents,
+                            **kwargs)  # fmt: skip
+        report_applied()
+        encoded = self.encode(input_values, input_features=input_features, padding_mask=padding_mask,
+                              input_features_mask=input_features_mask, output_latents=True, return_dict=True)
+        audio = self.decode(latents=encoded.latents, audio_codes_mask=encoded.audio_codes_mask, return_dict=True,
+                            **kwargs).audio_values  # fmt: skip
+        length = input_values.shape[-1] * self.config.output_sampling_rate // self.config.input_sampling_rate
+        return NeuCodecOutput(
+            audio_values=audio[..., :length], audio_codes=encoded.audio_codes,
+            latents=encoded.latents if output_latents else None, audio_codes_mask=encoded.audio_codes_mask,
+        )  # fmt: skip
+
+    return forward
+
+
 @register_patch("dynamo", "transformers.models.xcodec.modeling_xcodec.conv1d_output_length", reports=True)
 def _patch_conv1d_output_length_floor_divided(original):
     """transformers' `conv1d_output_length` is the same `int(numerator / stride + 1)` as Moonshine's (Xcodec checks
