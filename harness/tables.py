@@ -414,6 +414,9 @@ TINY_OVERRIDES: dict[str, dict] = {
                        "stage_block_in_channels": [[1], [8], [8], [16]], "fine_fusion_dims": [32, 16, 8],
                        # its 2-D rotary table fills hidden_size / 4 slots: heads / 2 = partial_rotary_factor (4)
                        "num_attention_heads": 8, "num_key_value_heads": 8,
+                       # it gathers a fine window's offsets along the keypoint axis: a window no larger than the
+                       # tiny image's 16 keypoints (checkpoints have thousands of keypoints for 64 window cells)
+                       "fine_kernel_size": 4,
                        # fine matching slices this many channels off the finest (8-wide) features
                        "fine_matching_slice_dim": 4,
                        # the 2-cell border it drops is the whole 4x4 coarse grid of a tiny image, and a random

@@ -24,7 +24,8 @@ KINDS = {
     "VoxtralForConditionalGeneration": "text+audio",
     "LlavaNextForConditionalGeneration": "text+image",
     "PatchTSTForPrediction": "time-series",
-    "EfficientNetModel": "image",  # zero-initialised norm scales would silence the image
+    "EfficientNetModel": "image",  # norm scales near one, statistics measured: at 7e-30 the image was silent
+    "MobileNetV1ForImageClassification": "image",  # batch norms measured on the image: logits of 1e-29 otherwise
     "Qwen3VLVisionModel": "image",  # flattened patches fed as hidden_states, with their grid
     "Florence2VisionBackbone": "image",  # an image fed as hidden_states
     "EfficientLoFTRModel": "image",  # image pairs; chained per-stage channels
@@ -203,10 +204,23 @@ KINDS = {
 }
 
 
+# Their outputs fade to nothing at the tiny init (largest |value| in eager): inputs built, eager failed as
+# VanishingOutputs, since any program, zeros too, would match them. Open: each needs the scale its signal survives.
+FADING = {
+    "Molmo2Adapter": 6e-7,
+    "VibeVoiceAcousticTokenizerEncoderModel": 4e-9,
+    "VibeVoiceAcousticTokenizerDecoderModel": 2e-9,
+    "PerceiverForOpticalFlow": 3e-4,
+}
+
+
 @pytest.mark.parametrize("name", KINDS)
 def test_tiny_model_builds_and_runs_eager_with_its_modality(name):
     context = ClassContext(select(name)[0]).prepare()
-    assert context.ok, f"{context.stages[-1].name}: {context.stages[-1].message}"
+    if name in FADING:
+        assert context.stages[-1].error_type == "VanishingOutputs", context.stages[-1].message
+    else:
+        assert context.ok, f"{context.stages[-1].name}: {context.stages[-1].message}"
     assert context.input_set == KINDS[name]
     assert context.inputs["A"] and context.inputs["B"]
     assert sum(p.numel() for p in context.model.parameters()) < 5_000_000, "tiny"
@@ -328,7 +342,8 @@ def test_a_modality_input_the_model_ignores_fails_eager():
     context._config()
     context._build()
     embeddings = context.model.embeddings
-    embeddings.forward = lambda pixel_values, **kwargs: torch.zeros(pixel_values.shape[0], 17, embeddings.embed_dim)
+    fixed = torch.randn(1, 17, embeddings.embed_dim)  # not zeros: those would fail as vanishing outputs first
+    embeddings.forward = lambda pixel_values, **kwargs: fixed.expand(pixel_values.shape[0], -1, -1)
     with pytest.raises(StageFailure, match="pixel_values did not change any output: the image branch did not run"):
         context._eager()
 
