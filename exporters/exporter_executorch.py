@@ -347,6 +347,12 @@ def _patch_scatter_reduce_as_dense(original):
     return scatter_reduce
 
 
+def _dft_angles(frequencies, size, like):
+    """The angles of a ``size``-point DFT matrix's first ``frequencies`` rows, in ``like``'s dtype."""
+    rows, columns = torch.arange(frequencies, device=like.device), torch.arange(size, device=like.device)
+    return (rows[:, None] * columns[None, :] % size).to(like.dtype) * (2 * math.pi / size)  # exact turns first
+
+
 @register_patch("executorch", "transformers.models.fnet.modeling_fnet.FNetBasicFourierTransform.forward")
 def _patch_fnet_fourier_as_matmul(original):
     """FNet mixes tokens with the real part of a 2-D FFT over sequence and hidden axes; complex FFTs are not in the
@@ -354,8 +360,7 @@ def _patch_fnet_fourier_as_matmul(original):
     sines of the two axes' DFT matrices: four matrix products."""
 
     def dft_basis(size, like):
-        index = torch.arange(size, device=like.device)
-        angle = (index[:, None] * index[None, :] % size).to(like.dtype) * (2 * math.pi / size)  # exact turns first
+        angle = _dft_angles(size, size, like)
         return angle.cos(), angle.sin()
 
     def forward(self, hidden_states):
@@ -373,8 +378,7 @@ def _inverse_real_dft_basis(size, like):
     """The inverse real FFT of ``size`` points as two matrices: frames = real @ cosines - imaginary @ sines, for a
     one-sided spectrum of ``size // 2 + 1`` bins. Bins between DC and Nyquist stand for their conjugate too (twice);
     the sines of DC and Nyquist vanish, so their imaginary parts are ignored, as `irfft` ignores them."""
-    bins = torch.arange(size // 2 + 1, device=like.device)
-    angle = (bins[:, None] * torch.arange(size, device=like.device)[None, :] % size).to(like.dtype) * (2 * math.pi / size)
+    angle = _dft_angles(size // 2 + 1, size, like)
     twice = torch.ones(size // 2 + 1, dtype=like.dtype, device=like.device)
     twice[1 : (size + 1) // 2] = 2  # an even size's last bin is Nyquist: once
     return angle.cos() * twice[:, None] / size, angle.sin() * twice[:, None] / size

@@ -34,7 +34,7 @@ NIGHTLY = [
     "tests/exporters/test_workarounds.py::test_funnel_keeps_its_sequence_axis_dynamic",  # 0.8
     "tests/exporters/test_workarounds.py::test_vits_pads_its_relative_positions_for_any_text_length",  # 0.8
     # a second model, or the ExecuTorch half, of workarounds whose first model or other half stays
-    "tests/exporters/test_workarounds.py::test_sew_keeps_a_symbolic_length_whatever_its_parity[SEWDModel]",  # 0.6 (SEW stays)
+    "tests/exporters/test_workarounds.py::test_an_audio_length_stays_symbolic[SEWDModel]",  # 0.6 (SEW stays)
     "tests/exporters/test_workarounds.py::test_gemma3n_sparsity_quantile_is_a_constant_for_export[executorch",  # 1.6
     "tests/exporters/test_workarounds.py::test_complex_rotary_is_rotated_in_real_arithmetic[executorch",  # 0.8
     "tests/exporters/test_workarounds.py::test_lstm_as_scan_ops_is_the_lstm_in_both_directions_of_every_layer[executorch]",  # 0.9
