@@ -131,9 +131,10 @@ TINY_OVERRIDES: dict[str, dict] = {
     # cross-attention keys are the pixels with hard-coded Fourier features (261 or 322 channels): one head divides;
     # the latent array's names escape the generic shrink (256 latents x 1280 wide, 26 self-attention layers); optical
     # flow decodes a flow vector per pixel of train_size (368 x 496); multimodal autoencoding reads num_frames of
-    # audio_samples_per_frame each (16 x 1920)
+    # audio_samples_per_frame each (16 x 1920). Its optical flow faded to 3e-4 at init scale 0.02 (within ONNX's and
+    # ExecuTorch's tolerance of zero), 0.06 at 0.1
     "perceiver": {"num_cross_attention_heads": 1, "num_latents": 16, "d_latents": 32, "num_self_attends_per_block": 2,
-                  "train_size": [8, 8], "num_frames": 2, "audio_samples_per_frame": 64},
+                  "train_size": [8, 8], "num_frames": 2, "audio_samples_per_frame": 64, "initializer_range": 0.1},
     # text layers cross-attend to the image only at the listed indices (3, 8, …): one a two-layer model has; the
     # projector reads the last and five intermediate vision layers concatenated, 6 x 32 wide
     "mllama": {"text_config.cross_attention_layers": [1], "vision_config.vision_output_dim": 192},
@@ -304,10 +305,16 @@ TINY_OVERRIDES: dict[str, dict] = {
     # keeps its width, below which its codes stop moving with the audio
     "musicgen": {"audio_encoder.num_filters": 4},
     "musicgen_melody": {"audio_encoder.num_filters": 4},
-    # and VibeVoice's tokenizers' at each of six (86 M weights each at 32)
+    # and VibeVoice's tokenizers' at each of six (86 M weights each at 32); at init scale 0.02 its halves' outputs
+    # fade to 1e-9 (vanishing: any program matches), at 0.1 they are about 0.2
     "vibevoice_acoustic_tokenizer": {"num_filters": 2},
-    "vibevoice_acoustic_tokenizer_encoder": {"num_filters": 2},
-    "vibevoice_acoustic_tokenizer_decoder": {"num_filters": 2},
+    "vibevoice_acoustic_tokenizer_encoder": {"num_filters": 2, "initializer_range": 0.1},
+    "vibevoice_acoustic_tokenizer_decoder": {"num_filters": 2, "initializer_range": 0.1},
+    # outputs that fade at init scale 0.02, and at 0.1: DPT's depth 6e-8 / 0.1, UniSpeech-SAT's x-vector 6e-7 / 0.06,
+    # Molmo 2's adapter 6e-7 / 0.05
+    "dpt": {"initializer_range": 0.1},
+    "unispeech-sat": {"initializer_range": 0.1},
+    "molmo2_adapter": {"initializer_range": 0.1},
     # SAM 3's ViT grid (a 32-pixel image in 8-pixel patches) scaled by 4, 2 and 1
     "sam3_vision_model": {"backbone_feature_sizes": [[16, 16], [8, 8], [4, 4]]},
     "sam2_hiera_det_model": {key.removeprefix("backbone_config."): value for key, value in _HIERA_STAGES.items()
