@@ -1255,6 +1255,66 @@ def _fix_integer_remainder_sign(graph_module, node) -> bool:
     return True
 
 
+_CONJUGATES = (torch.ops.aten._conj.default, torch.ops.aten.conj.default, torch.ops.aten.conj_physical.default)
+
+
+def _fft_arguments(node) -> tuple:
+    """``(input, n, dim, norm)`` of an `fft_rfft` or `fft_irfft` node, defaults filled in."""
+    named = dict(zip(("self", "n", "dim", "norm"), node.args)) | node.kwargs
+    return named["self"], named.get("n"), named.get("dim", -1), named.get("norm")
+
+
+@register_fx_node_fix("executorch")
+def _fix_fft_cross_correlation_as_real_sum(graph_module, node) -> bool:
+    """Autoformer finds its periods by the cross-correlation theorem, ``irfft(rfft(q) * conj(rfft(k)))``: complex
+    tensors, which to_edge refuses ("_conj_copy does not support automatic differentiation"). The same circular
+    correlation, ``out[tau] = sum_t q[(t + tau) mod n] * k[t]``, is a gather from q laid twice end to end, a product
+    and a sum: real ops, n² terms for a window of n."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    aten = torch.ops.aten
+    if node.op != "call_function" or node.target is not aten.fft_irfft.default:
+        return False
+    product, n, dim, norm = _fft_arguments(node)
+    if n is None or norm is not None or getattr(product, "target", None) is not aten.mul.Tensor:
+        return False
+    conjugated = [factor for factor in product.args if getattr(factor, "target", None) in _CONJUGATES]
+    if len(conjugated) != 1 or len(product.args) != 2:
+        return False
+    spectra = (next(factor for factor in product.args if factor is not conjugated[0]), conjugated[0].args[0])
+    if not all(getattr(spectrum, "target", None) is aten.fft_rfft.default for spectrum in spectra):
+        return False
+    (shifted, *rest), (fixed, *rest_fixed) = (_fft_arguments(spectrum) for spectrum in spectra)
+    if rest != [n, dim, None] or rest_fixed != [n, dim, None]:
+        return False
+    length = n.meta["val"] if isinstance(n, torch.fx.Node) else n
+    dim %= shifted.meta["val"].dim()
+    if not all(statically_known_true(source.meta["val"].shape[dim] == length) for source in (shifted, fixed)):
+        return False  # rfft would pad or cut: not this sum
+
+    graph, fake_mode = graph_module.graph, shifted.meta["val"].fake_mode
+
+    def call(target, *args):
+        new = graph.call_function(target, args)
+        with fake_mode:
+            new.meta["val"] = target(*torch.fx.node.map_arg(args, lambda arg: arg.meta["val"]))
+        return new
+
+    with graph.inserting_before(node):
+        positions = call(aten.arange.default, n)
+        lags_and_times = call(
+            aten.add.Tensor, call(aten.unsqueeze.default, positions, 1), call(aten.unsqueeze.default, positions, 0)
+        )
+        doubled = call(aten.cat.default, [shifted, shifted], dim)
+        gathered = call(aten.index_select.default, doubled, dim, call(aten.view.default, lags_and_times, [-1]))
+        lagged = call(aten.unflatten.int, gathered, dim, [n, n])  # (..., lag, time, ...)
+        terms = call(aten.mul.Tensor, lagged, call(aten.unsqueeze.default, fixed, dim))
+        correlation = call(aten.sum.dim_IntList, terms, [dim + 1])
+    node.replace_all_uses_with(correlation)
+    graph.erase_node(node)
+    return True
+
+
 @register_fx_node_fix("executorch")
 def _fix_certain_bernoulli(graph_module, node) -> bool:
     """`bernoulli` is not in the Core ATen opset. With a probability of 0 or 1 it draws nothing at random: zeros or

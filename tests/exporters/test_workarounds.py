@@ -1204,6 +1204,23 @@ def test_a_vocos_head_turns_its_spectrum_into_audio_in_real_products():
         exporter.export(head, inputs, config)
 
 
+def test_an_fft_autocorrelation_runs_on_executorch_in_real_ops():
+    """Autoformer's attention: the correlation of queries and keys at every lag, through rfft, conj and irfft."""
+    from transformers.models.autoformer.modeling_autoformer import AutoformerAttention
+
+    attention = AutoformerAttention(embed_dim=16, num_heads=2).eval()
+    inputs = {"hidden_states": torch.randn(2, 12, 16)}
+    exporter, config = exporters.exporter_for("executorch")
+    exported = exporter.export(attention, inputs, config)
+    assert "_fix_fft_cross_correlation_as_real_sum" in exported.applied
+    output, correlations = (torch.as_tensor(value) for value in exported(**inputs).values())
+    expected_output, expected_correlations = attention(**inputs)
+    torch.testing.assert_close(correlations, expected_correlations, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(output, expected_output, atol=1e-4, rtol=1e-4)
+    with disabled_workarounds("_fix_fft_cross_correlation_as_real_sum"), pytest.raises(Exception, match="_conj"):
+        exporter.export(attention, inputs, config)
+
+
 def _row_updates(exported):
     """Steps of a row-by-row inverse: each writes one row of a chunk's triangular system."""
     return sum(node.target is torch.ops.aten.copy_.default for node in exported.program.graph.nodes)
