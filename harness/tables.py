@@ -226,7 +226,7 @@ TINY_OVERRIDES: dict[str, dict] = {
     # classes never feed it text)
     "blip-2": {"qformer_config.use_qformer_text_input": True},
     # the vocoder reads the spectrogram FastSpeech 2 makes, num_mel_bins (80) wide
-    "fastspeech2_conformer_hifigan": {"model_in_dim": 80},
+    "fastspeech2_conformer_hifigan": {"model_in_dim": 80, "initializer_range": 0.1},
     # the mask head reads the width plus one channel per attention head, in groups of 8
     "conditional_detr": {"encoder_attention_heads": 8, "decoder_attention_heads": 8},
     # the projection after its two halving convolutions reads channels[0] // 4 mel bins: the first is as wide as
@@ -307,7 +307,7 @@ TINY_OVERRIDES: dict[str, dict] = {
     "musicgen_melody": {"audio_encoder.num_filters": 4},
     # and VibeVoice's tokenizers' at each of six (86 M weights each at 32); at init scale 0.02 its halves' outputs
     # fade to 1e-9 (vanishing: any program matches), at 0.1 they are about 0.2
-    "vibevoice_acoustic_tokenizer": {"num_filters": 2},
+    "vibevoice_acoustic_tokenizer": {"num_filters": 2, "initializer_range": 0.1},
     "vibevoice_acoustic_tokenizer_encoder": {"num_filters": 2, "initializer_range": 0.1},
     "vibevoice_acoustic_tokenizer_decoder": {"num_filters": 2, "initializer_range": 0.1},
     # outputs that fade at init scale 0.02, and at 0.1: DPT's depth 6e-8 / 0.1, UniSpeech-SAT's x-vector 6e-7 / 0.06,
@@ -315,6 +315,15 @@ TINY_OVERRIDES: dict[str, dict] = {
     "dpt": {"initializer_range": 0.1},
     "unispeech-sat": {"initializer_range": 0.1},
     "molmo2_adapter": {"initializer_range": 0.1},
+    # and the rest of the eager screen of every class (max |output| at 0.02 / at 0.1): the x-vector heads of the
+    # wav2vec 2 family ~6e-7 / 0.06 (five TDNN layers and two projections, no norm), SEW and SEW-D's pooled
+    # classifiers 7e-4 / 0.14, Depth Anything's depth 5e-6 / 0.5, MobileBERT's classifiers 2.5e-4 / 0.19 (its
+    # NoNorm only scales), PatchTSMixer's heads 8e-4 / 0.1, the HiFi-GAN vocoders 3e-6 / 0.05, FLAVA's image
+    # codebook 9e-4 / 3, VibeVoice's whole acoustic tokenizer 9e-8 / 0.04
+    **dict.fromkeys(("wav2vec2", "wav2vec2-bert", "wav2vec2-conformer", "data2vec-audio", "wavlm", "sew", "sew-d",
+                     "mobilebert", "speecht5_hifigan", "flava_image_codebook"), {"initializer_range": 0.1}),
+    **dict.fromkeys(("depth_anything", "prompt_depth_anything"),
+                    {"initializer_range": 0.1, "backbone_config.initializer_range": 0.1}),
     # SAM 3's ViT grid (a 32-pixel image in 8-pixel patches) scaled by 4, 2 and 1
     "sam3_vision_model": {"backbone_feature_sizes": [[16, 16], [8, 8], [4, 4]]},
     "sam2_hiera_det_model": {key.removeprefix("backbone_config."): value for key, value in _HIERA_STAGES.items()
@@ -353,7 +362,7 @@ TINY_OVERRIDES: dict[str, dict] = {
     # pre-training masks random patches, in eval mode too; forecast masking hides the last patches of every series
     # (it shuffles the rows, which all get the same mask)
     "patchtst": {"mask_type": "forecast", "num_forecast_mask_patches": 2},
-    "patchtsmixer": {"mask_type": "forecast", "num_forecast_mask_patches": 2},
+    "patchtsmixer": {"mask_type": "forecast", "num_forecast_mask_patches": 2, "init_std": 0.1},
     # its text model builds a sliding-window mask whatever its layer types say: the window must be set
     "step3p7": {"text_config.sliding_window": 64},
     "step3p5": {"sliding_window": 64},

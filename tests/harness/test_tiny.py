@@ -26,6 +26,8 @@ KINDS = {
     "PatchTSTForPrediction": "time-series",
     "EfficientNetModel": "image",  # norm scales near one, statistics measured: at 7e-30 the image was silent
     "MobileNetV1ForImageClassification": "image",  # batch norms measured on the image: logits of 1e-29 otherwise
+    "Wav2Vec2ForXVector": "audio",  # init scale 0.1: its TDNN layers faded the embeddings to 6e-7 at 0.02
+    "MobileBertForSequenceClassification": "text",  # init scale 0.1: logits of 2.5e-4 at 0.02 (NoNorm only scales)
     "Qwen3VLVisionModel": "image",  # flattened patches fed as hidden_states, with their grid
     "Florence2VisionBackbone": "image",  # an image fed as hidden_states
     "EfficientLoFTRModel": "image",  # image pairs; chained per-stage channels
