@@ -448,8 +448,15 @@ def _patch_timesfm_batch_padded_at_once(original):
 def _patch_blt_byte_groups_gathered(_original):
     """BLT hashes the byte n-grams ending at each position from `unfold` windows over the input padded in front.
     `unfold` on a symbolic length guards that the length holds a window, once per n-gram size, and the export came
-    out with a fixed length; the same windows read by one gather at computed indices."""
-    from transformers.models.blt.modeling_blt import rolling_polynomial_hash
+    out with a fixed length; the same windows read by one gather at computed indices. The hash weighs the bytes by
+    powers of a prime near 1e9, which wrap around int64 past the second: ONNX Runtime's integer `Pow` goes through
+    doubles (1e18 lost its last digits, wrapped powers came out as INT64_MIN) and the hashes picked other
+    embeddings; its integer `ReduceSum` saturates where torch wraps. The group size is known when traced: its
+    powers are constants wrapped as torch wraps them, and the weighted bytes are added one by one (`Add` wraps)."""
+
+    def wrapped_powers(prime, count):
+        powers = [pow(prime, exponent, 1 << 64) for exponent in range(count)]
+        return [power - (1 << 64) if power >= 1 << 63 else power for power in powers]
 
     def byte_group_hash_function(token_ids, group_size=2, prime=1000000007, max_hash=30000):
         with torch.no_grad():
@@ -457,7 +464,8 @@ def _patch_blt_byte_groups_gathered(_original):
             padded = torch.cat([padding, token_ids], dim=1)
             starts = torch.arange(token_ids.shape[1], device=token_ids.device)
             windows = padded[:, starts[:, None] + torch.arange(group_size, device=token_ids.device)]
-            return rolling_polynomial_hash(windows, prime) % max_hash
+            weighted = windows * torch.tensor(wrapped_powers(prime, group_size), device=token_ids.device)
+            return sum(weighted.unbind(-1)) % max_hash
 
     return byte_group_hash_function
 

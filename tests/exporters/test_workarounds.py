@@ -623,6 +623,28 @@ def test_blt_hashes_the_same_byte_groups_by_gather_and_keeps_its_length_symbolic
         "input_ids axis 1 = 7 (second set: 5)", "attention_mask axis 1 = 7 (second set: 5)"]}
 
 
+class _ByteGroupHashes(torch.nn.Module):
+    """BLT's hashes of byte n-grams, by three of its primes."""
+
+    def forward(self, token_ids):
+        from transformers.models.blt import modeling_blt
+
+        groups = ((3, 1000000007), (5, 5915587277), (8, 9576080509))
+        return torch.stack([modeling_blt.byte_group_hash_function(token_ids, size, prime, 500) for size, prime in groups])
+
+
+def test_blt_hashes_wrap_around_int64_on_onnx_runtime_as_in_torch():
+    """Powers of a prime near 1e9 past the second, and their weighted sums, overflow int64: torch wraps them, ONNX
+    Runtime's integer Pow and ReduceSum do not (BLT's ONNX logits were 4.3 off)."""
+    model, tokens = _ByteGroupHashes(), torch.randint(0, 260, (2, 9))
+    exporter, config = exporters.exporter_for("onnx")
+    (hashes,) = exporter.export(model, {"token_ids": tokens}, config)(token_ids=tokens).values()
+    assert torch.equal(torch.as_tensor(hashes), model(tokens))
+    with disabled_workarounds("_patch_blt_byte_groups_gathered"):
+        (hashes,) = exporter.export(model, {"token_ids": tokens}, config)(token_ids=tokens).values()
+    assert (torch.as_tensor(hashes) != model(tokens)).float().mean() > 0.5
+
+
 DYNAMIC_CELL_CASES = [  # (model class, backend, {workaround: (stage, message) of its dynamic cell without it})
     # its blocks counted from the data: ExecuTorch plans memory for them only bounded by the patches given
     ("VideoLlama3VisionModel", "executorch",
