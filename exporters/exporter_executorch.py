@@ -732,8 +732,8 @@ def _patch_empty_cat_left_whole(original):
     return remove_empty_tensors_from_cat
 
 
-# the most input-size combinations a size's exact upper bound is searched over
-_BOUND_SEARCH_LIMIT = 1 << 16
+# the most input-size combinations a size's exact upper bound is searched over (an audio length by a batch: ~1e6)
+_BOUND_SEARCH_LIMIT = 1 << 22
 # A number read from data with nothing to bound it (a vocoder's frame count, summed from predicted durations; a
 # split's offsets) is planned as lying within this many either side of zero.
 _DATA_DEPENDENT_CEILING = 4096

@@ -409,6 +409,9 @@ TINY_OVERRIDES: dict[str, dict] = {
     # scores are all 1/65 to 1e-5, and which pixels survive non-maximum suppression is down to rounding (ONNX Runtime
     # kept 38 keypoints of eager's 45): at 0.1 they spread from 0 to 0.08
     "superpoint": {"descriptor_decoder_dim": 32, "initializer_range": 0.1},
+    # SuperGlue's optimal transport unrolls its Sinkhorn iterations into the graph: at 100, to_edge took 530 s of
+    # ExecuTorch's 600 (torch.export 29 s); three iterations are the same ops
+    "superglue": {"sinkhorn_iterations": 3},
     # the prompt's sine position features (2 x num_pos_feats) are added to the image embedding
     "sam_vision_model": {"num_pos_feats": 16},
     "sam_hq_vision_model": {"num_pos_feats": 16},
