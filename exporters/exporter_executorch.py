@@ -1224,8 +1224,12 @@ def _fix_nonzero_laid_out_by_rows(graph_module, node) -> bool:
 def _fix_integer_remainder_sign(graph_module, node) -> bool:
     """The runtime's integer `remainder` keeps the dividend's sign, as C's `%` does (-1 % 4 gives -1, eager 3):
     EfficientLoFTR places an unmatched keypoint, index -1, a whole image width to the left. Where the remainder
-    and the divisor differ in sign, adding the divisor gives the floored one."""
+    and the divisor differ in sign, adding the divisor gives the floored one. Its `%` of sizes does the same:
+    LongT5 pads its tokens to whole blocks by `-length % block`, got a negative padding, no block at all, and
+    divided by that count (SIGFPE); there `(remainder + divisor) % divisor` has the divisor's sign."""
     aten = torch.ops.aten
+    if node.op == "call_function" and node.target is operator.mod and isinstance(node.meta.get("val"), torch.SymInt):
+        return _floor_size_remainder(graph_module.graph, node)
     if node.op != "call_function" or node.target not in (aten.remainder.Tensor, aten.remainder.Scalar):
         return False
     value, divisor = node.meta.get("val"), node.args[1]
@@ -1250,6 +1254,24 @@ def _fix_integer_remainder_sign(graph_module, node) -> bool:
             return False
         shifted = _call_after(graph, node, aten.add.Scalar, divisor, after=to_shift)
     floored = _call_after(graph, to_shift, aten.where.self, shifted, node, after=shifted)
+    for user in users:
+        user.replace_input_with(node, floored)
+    return True
+
+
+def _floor_size_remainder(graph, node) -> bool:
+    from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+    dividend, divisor = (arg.meta["val"] if isinstance(arg, torch.fx.Node) else arg for arg in node.args)
+    if guard_or_false(dividend >= 0) and guard_or_false(divisor > 0):
+        return False  # the same remainder either way
+    users = list(node.users)
+    with graph.inserting_after(node):
+        shifted = graph.call_function(operator.add, (node, node.args[1]))
+    shifted.meta["val"] = node.meta["val"] + divisor
+    with graph.inserting_after(shifted):
+        floored = graph.call_function(operator.mod, (shifted, node.args[1]))
+    floored.meta["val"] = node.meta["val"]
     for user in users:
         user.replace_input_with(node, floored)
     return True

@@ -2209,6 +2209,26 @@ def test_executorch_integer_remainder_takes_the_sign_of_the_divisor(dynamic):
         assert got[0].tolist() == [[-1, 3, 1, -2, 0, 0]]  # the dividend's sign, as C's `%`
 
 
+class _PaddedToBlocks(torch.nn.Module):
+    """LongT5's local attention: tokens padded to whole blocks of 4 by `-length % 4`, then summed block by block."""
+
+    def forward(self, tokens):
+        padded = torch.nn.functional.pad(tokens, (0, 0, 0, -tokens.shape[1] % 4))
+        return padded.view(tokens.shape[0], -1, 4, tokens.shape[2]).sum(2)
+
+
+def test_executorch_remainder_of_sizes_takes_the_sign_of_the_divisor():
+    model = _PaddedToBlocks().eval()
+    exported = _executorch_dynamic(model, {"tokens": torch.randn(2, 7, 3)})
+    assert "_fix_integer_remainder_sign" in exported.applied
+    for length in (7, 5, 8):
+        _assert_runs_like_eager(exported, model, {"tokens": torch.randn(3, length, 3)})
+    with disabled_workarounds("_fix_integer_remainder_sign"):
+        as_lowered = _executorch_dynamic(model, {"tokens": torch.randn(2, 7, 3)})
+    with pytest.raises(RuntimeError, match="0x12"):  # padded by -3, a block short: the view refuses its size
+        as_lowered(tokens=torch.randn(2, 7, 3))
+
+
 class _RelativeShift(torch.nn.Module):
     """XLNet's relative shift: scores against twice as many relative positions, shifted by one through a reshape,
     whose sizes interval arithmetic bounds far above their largest values."""
