@@ -267,7 +267,7 @@ def _patch_contiguity_asked_without_guards(original):
     of 7 is traced, and the program then refused a prompt of 5; HunYuan-VL's `images - 1` fixed the image count at
     2 in ExecuTorch's re-trace (pytorch/pytorch#165032). Unsure stays false here without a guard: a size is skipped
     or counted small only when it is so for every size the program takes."""
-    from torch.fx.experimental.symbolic_shapes import guard_or_true, is_nested_int, statically_known_true
+    from torch.fx.experimental.symbolic_shapes import is_nested_int, statically_known_true
 
     def is_contiguous(a, false_if_dde=False):
         symbolic = [size for size in a.shape if isinstance(size, torch.SymInt)]
@@ -281,7 +281,7 @@ def _patch_contiguity_asked_without_guards(original):
         for size, stride in reversed(tuple(zip(a.shape, a.stride()))):
             if statically_known_true(size == 1):
                 continue
-            if guard_or_true(stride != product) and guard_or_true(stride != product_of_nonzero):
+            if not (statically_known_true(stride == product) or statically_known_true(stride == product_of_nonzero)):
                 return False
             product, product_of_nonzero = product * size, product_of_nonzero * torch.sym_max(size, 1)
         return True
