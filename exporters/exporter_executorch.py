@@ -318,19 +318,26 @@ def _patch_embedding_bag_as_gather(original):
 
 @register_patch("executorch", "torch.scatter_reduce", "torch.Tensor.scatter_reduce")
 def _patch_scatter_reduce_as_dense(original):
-    """The portable runtime has no `scatter_reduce` kernel (TAPAS reduces its table cells per segment with it).
-    Along a vector, each output slot reduces the sources whose index is that slot: a comparison of every index
-    with every slot, then a masked reduction per slot; slots no source reaches keep their value."""
+    """The portable runtime has no `scatter_reduce` kernel (TAPAS reduces its table cells per segment with it, BLT
+    its bytes' states per patch). Along the scattered axis each output slot reduces the sources whose index is that
+    slot: a comparison of every index with every slot on a new axis, then a masked reduction over the sources;
+    slots no source reaches keep their value. Indices as wide as the output on the other axes only."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
     reductions = ("sum", "mean", "amax", "amin")
 
     def scatter_reduce(input, dim, index, src, reduce, *, include_self=True):
-        if input.dim() != 1 or index.dim() != 1 or not input.is_floating_point() or reduce not in reductions:
+        dim %= max(input.dim(), 1)
+        if (not input.is_floating_point() or reduce not in reductions or index.dim() != input.dim()
+                or not all(statically_known_true(index.shape[axis] == input.shape[axis])
+                           for axis in range(input.dim()) if axis != dim)):  # fmt: skip
             return original(input, dim, index, src, reduce, include_self=include_self)
-        member = index[None, :] == torch.arange(input.shape[0], device=index.device)[:, None]
-        count = member.sum(dim=1)
-        sources = src[: index.shape[0]].to(input.dtype)[None, :]
+        slots = torch.arange(input.shape[dim], device=index.device).view([-1] + [1] * (input.dim() - dim))
+        member = index.unsqueeze(dim) == slots  # (..., slot, source, ...)
+        count = member.sum(dim=dim + 1)
+        sources = src[tuple(slice(0, size) for size in index.shape)].to(input.dtype).unsqueeze(dim)
         if reduce in ("sum", "mean"):
-            total = torch.where(member, sources, 0).sum(dim=1)
+            total = torch.where(member, sources, 0).sum(dim=dim + 1)
             if reduce == "sum":
                 return input + total if include_self else torch.where(count > 0, total, input)
             if include_self:
@@ -339,7 +346,7 @@ def _patch_scatter_reduce_as_dense(original):
         highest = reduce == "amax"
         fill = torch.finfo(input.dtype).min if highest else torch.finfo(input.dtype).max
         extreme = torch.where(member, sources, fill)
-        extreme = extreme.amax(dim=1) if highest else extreme.amin(dim=1)
+        extreme = extreme.amax(dim=dim + 1) if highest else extreme.amin(dim=dim + 1)
         if include_self:
             extreme = torch.maximum(extreme, input) if highest else torch.minimum(extreme, input)
         return torch.where(count > 0, extreme, input)
@@ -732,6 +739,25 @@ def _patch_empty_cat_left_whole(original):
     return remove_empty_tensors_from_cat
 
 
+@register_patch("executorch", "executorch.exir.passes.replace_view_copy_with_view_pass._is_view_copy", reports=True)
+def _patch_views_as_dynamic_as_their_base(original):
+    """ExecuTorch turns a `view_copy` into a view sharing its base's memory, and refuses one whose shape is static
+    while its base's is dynamic ("_ViewSpec is incompatible with its base on creation"; BLT's patch starts, cut at a
+    count read from data, then viewed at the size that count took). Such a view stays a copy."""
+    from executorch.exir.tensor import determine_tensor_dynanism
+
+    def is_view_copy(node):
+        if not original(node):
+            return False
+        base_spec = node.args[0].meta.get("spec")
+        if base_spec is not None and determine_tensor_dynanism(node.meta["val"].shape) != base_spec.shape_dynamism:
+            report_applied()
+            return False
+        return True
+
+    return is_view_copy
+
+
 # the most input-size combinations a size's exact upper bound is searched over (an audio length by a batch: ~1e6)
 _BOUND_SEARCH_LIMIT = 1 << 22
 # A number read from data with nothing to bound it (a vocoder's frame count, summed from predicted durations; a
@@ -915,6 +941,51 @@ def _fix_unbounded_dynamic_axes(exported_program) -> bool:
             traced = int(traced) if traced.is_number and traced.is_finite else 2
             lower = bounds.lower if bounds.lower.is_finite else 0
             ranges[symbol] = ValueRanges(lower, max(traced * _DYNAMIC_GROWTH, _DYNAMIC_FLOOR))
+            changed = True
+    return changed
+
+
+def _count_ceiling(node):
+    """The largest value a count of booleans can take (their sum over some axes, or the largest or smallest of such
+    sums): the number of elements summed, at the axes' largest sizes. None for a tensor that is no such count."""
+    aten = torch.ops.aten
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function":
+        return None
+    source = node.args[0]
+    if node.target in (aten.max.default, aten.amax.default, aten.min.default, aten.amin.default):
+        return _count_ceiling(source)
+    if node.target not in (aten.sum.dim_IntList, aten.sum.default):
+        return None
+    each = 1 if source.meta["val"].dtype == torch.bool else _count_ceiling(source)
+    shape = source.meta["val"].shape
+    axes = node.args[1] if node.target is aten.sum.dim_IntList and node.args[1] else range(len(shape))
+    sizes = [shape[axis] if isinstance(shape[axis], int) else shape[axis].node.shape_env.bound_sympy(
+        shape[axis].node.expr).upper for axis in axes]  # fmt: skip
+    return None if each is None else each * math.prod(sizes)
+
+
+@register_fx_program_fix("executorch")
+def _fix_counts_read_from_data_bounded(exported_program) -> bool:
+    """A number read from data has no known range, and to_edge's slice decomposition asks whether a slice's end is
+    negative (counted from the back) or past the axis: "Could not guard on data-dependent expression u22 < 0".
+    BLT cuts its patch starts at the largest count of entropy peaks: a count of booleans, between 0 and the number
+    of them counted. Such numbers get that range in the shape environment."""
+    from torch.utils._sympy.value_ranges import ValueRanges
+
+    reads = (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default)
+    changed = False
+    for node in exported_program.graph.nodes:
+        value = node.meta.get("val")
+        if node.target not in reads or not isinstance(value, torch.SymInt) or not value.node.expr.is_symbol:
+            continue
+        ceiling = _count_ceiling(node.args[0])
+        ranges = value.node.shape_env.var_to_range
+        bounds = ranges.get(value.node.expr)
+        if ceiling is None or bounds is None:
+            continue
+        narrowed = bounds & ValueRanges(0, ceiling)
+        if narrowed != bounds:
+            ranges[value.node.expr] = narrowed
             changed = True
     return changed
 

@@ -496,6 +496,9 @@ CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaroun
     ("Wav2Vec2ForXVector", "executorch", "_patch_xvector_masked_statistics", "data-dependent"),  # slice to length
     ("Llama4VisionModel", "executorch", "_patch_llama4_vision_rotary_as_pairs", "complex"),
     ("FNetForMaskedLM", "executorch", "_patch_fnet_fourier_as_matmul", "_fft_c2c.default is not in Core ATen"),
+    # BLT's patch starts cut at the largest count of entropy peaks (a number read from data), then viewed
+    ("BltForCausalLM", "executorch", "_fix_counts_read_from_data_bounded", "data-dependent expression u"),
+    ("BltForCausalLM", "executorch", "_patch_views_as_dynamic_as_their_base", "_ViewSpec is incompatible"),
     ("UdopForConditionalGeneration", "onnx", "_patch_udop_patches_as_fixed_rows", "data is not allocated"),
     ("LongformerForMaskedLM", "dynamo", "_patch_longformer_attention_dense", "data-dependent"),  # global tokens
     ("HunYuanVLForConditionalGeneration", "dynamo", "_patch_hunyuan_vl_placeholder_check_as_tensor", "data-dep"),
@@ -1657,6 +1660,15 @@ class _SegmentMinimum(torch.nn.Module):
         return torch.zeros(5).scatter_reduce(0, segments, values, "amin", include_self=False)
 
 
+class _PatchMaxima(torch.nn.Module):
+    """BLT: each patch's states, the largest over its bytes' (patch 2 has none and keeps its zero)."""
+
+    def forward(self, states, patches):
+        index = patches.unsqueeze(-1).expand(-1, -1, states.shape[-1])
+        return torch.zeros(states.shape[0], 4, states.shape[-1]).scatter_reduce(1, index, states, "amax",
+                                                                                 include_self=False)
+
+
 class _TimeShift(torch.nn.Module):
     """RWKV: every step sees the previous one, padded in front and cropped at the end."""
 
@@ -1676,6 +1688,8 @@ RUNTIME_CASES = [  # (module, inputs, workaround, what the ExecuTorch runtime sa
     (_NoiseRanks, {"noise": torch.randn(2, 9)}, "_fix_sort_as_topk", "no kernel for aten::sort"),
     (_TimeShift, {"hidden_states": torch.randn(2, 5, 4)}, "_fix_negative_padding_as_slice", "0x12"),
     (_SegmentMinimum, {"values": torch.randn(7), "segments": torch.tensor([0, 2, 2, 4, 0, 2, 1])},
+     "_patch_scatter_reduce_as_dense", "no kernel for aten::scatter_reduce"),
+    (_PatchMaxima, {"states": torch.randn(2, 6, 3), "patches": torch.tensor([[0, 0, 1, 1, 3, 3], [0, 1, 1, 1, 1, 3]])},
      "_patch_scatter_reduce_as_dense", "no kernel for aten::scatter_reduce"),
 ]  # fmt: skip
 
