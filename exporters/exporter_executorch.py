@@ -15,6 +15,7 @@ ExecuTorch is imported on first use: it costs seconds, and the other backends do
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import math
 import operator
@@ -1019,13 +1020,18 @@ def _fix_attention_output_layout(graph_module, node) -> bool:
     return True
 
 
+def _call(graph, target, *args):
+    """A node ``target(*args)`` at the graph's insertion point, with its fake value."""
+    node = graph.call_function(target, args)
+    node.meta["val"] = target(*torch.fx.node.map_arg(args, lambda arg: arg.meta["val"]))
+    return node
+
+
 def _call_after(graph, anchor, target, *args, after=None):
     """A node ``target(anchor, *args)`` right after ``after`` (by default ``anchor``), with its fake value. The
     anchor may be a list of nodes (a concatenation's), given ``after``."""
     with graph.inserting_after(after or anchor):
-        node = graph.call_function(target, (anchor, *args))
-    node.meta["val"] = target(*torch.fx.node.map_arg((anchor, *args), lambda arg: arg.meta["val"]))
-    return node
+        return _call(graph, target, anchor, *args)
 
 
 # argument names of the convolutions a program may hold, in order
@@ -1385,15 +1391,10 @@ def _fix_fft_cross_correlation_as_real_sum(graph_module, node) -> bool:
     if not all(statically_known_true(source.meta["val"].shape[dim] == length) for source in (shifted, fixed)):
         return False  # rfft would pad or cut: not this sum
 
-    graph, fake_mode = graph_module.graph, shifted.meta["val"].fake_mode
-
-    def call(target, *args):
-        new = graph.call_function(target, args)
-        with fake_mode:
-            new.meta["val"] = target(*torch.fx.node.map_arg(args, lambda arg: arg.meta["val"]))
-        return new
-
-    with graph.inserting_before(node):
+    graph = graph_module.graph
+    call = functools.partial(_call, graph)
+    # in the program's fake mode: `arange` has no tensor argument to take it from
+    with graph.inserting_before(node), shifted.meta["val"].fake_mode:
         positions = call(aten.arange.default, n)
         lags_and_times = call(
             aten.add.Tensor, call(aten.unsqueeze.default, positions, 1), call(aten.unsqueeze.default, positions, 0)
