@@ -1291,24 +1291,30 @@ class _TaskPrompts(torch.nn.Module):
 
 
 def test_omdet_turbo_task_prompts_are_cut_within_the_mask_for_executorch():
+    """On a symbolic width: the general fix bounds the mask's count by numbers only, so `to_edge` still asks
+    whether it passes the width; the patch says it cannot."""
     context = _built_by_the_sweep("OmDetTurboForObjectDetection")
-    input_ids = context.inputs["A"]["tasks_input_ids"]
-    attention_mask = torch.ones_like(input_ids)
-    attention_mask[:, -2:] = 0  # every prompt two tokens shorter than the batch is wide
-    model, inputs = _TaskPrompts(context.model.language_backbone).eval(), {"input_ids": input_ids,
-                                                                           "attention_mask": attention_mask}
-    exporter, config = exporters.exporter_for("executorch")
-    exported = exporter.export(model, inputs, config)
+    model = _TaskPrompts(context.model.language_backbone).eval()
+
+    def prompts(width):
+        input_ids = context.inputs["A"]["tasks_input_ids"][:, :1].repeat(1, width)
+        attention_mask = torch.ones_like(input_ids)
+        attention_mask[:, -2:] = 0  # every prompt two tokens shorter than the batch is wide
+        return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+    wide = {name: {1: torch.export.Dim.AUTO} for name in ("input_ids", "attention_mask")}
+    exporter, config = exporters.exporter_for("executorch", dynamic=True, dynamic_shapes=wide)
+    exported = exporter.export(model, prompts(7), config)
     assert "_patch_omdet_task_prompts_cut_within_the_mask" in exported.applied
-    with torch.no_grad():
-        expected = model(**inputs)
-    assert expected[1].shape[1] == input_ids.shape[1] - 2
-    for got, want in zip(exported(**inputs).values(), expected, strict=True):
-        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
-    # the count of its mask read as a number is also bounded by the general fix for such counts (BLT's)
-    with disabled_workarounds("_patch_omdet_task_prompts_cut_within_the_mask", "_fix_counts_read_from_data_bounded"):
-        with pytest.raises(exporters.ExportError, match=r"u\d+ < 0"):
-            exporter.export(model, inputs, config)
+    for width in (7, 5):
+        with torch.no_grad():
+            expected = model(**prompts(width))
+        assert expected[1].shape[1] == width - 2
+        for got, want in zip(exported(**prompts(width)).values(), expected, strict=True):
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    with disabled_workarounds("_patch_omdet_task_prompts_cut_within_the_mask"):
+        with pytest.raises(exporters.ExportError, match=r"u\d+ > s\d+"):
+            exporter.export(model, prompts(7), config)
 
 
 def test_esmfold_traces_with_a_symbolic_batch_once_its_identity_frames_are_made_afresh():
