@@ -23,6 +23,7 @@ from .tables import (
     AUDIO_FRAMES_PER_TOKEN,
     FEATURE_EXTRACTOR_OVERRIDES,
     MAIN_INPUTS,
+    ONE_SAMPLE_BATCH,
     PIXEL_LAYOUTS,
     RAW_AUDIO_CHANNELS,
 )
@@ -903,6 +904,8 @@ def _accepts_none(parameter: inspect.Parameter) -> bool:
 def make_inputs(model, label: str = "A", seed: int = 0) -> tuple[dict[str, Any], str]:
     """``(inputs, input set name)`` for input set ``label``: keyword tensors for ``model(**inputs)``."""
     batch, length = INPUT_SIZES[label]
+    if model.config.model_type in ONE_SAMPLE_BATCH:
+        batch = 1
     parameters = _parameters(model)
     context = Context(
         model, model.config, batch, length, label, torch.Generator().manual_seed(seed), parameters,

@@ -482,6 +482,11 @@ AUDIO_FRAME_MULTIPLES: dict[str, int] = {
     "nemo_speechlm": 8,  # its encoder subsamples by 8 (subsampling_factor) and asks for whole steps
 }
 
+# model types that run one sample at a time: the inputs of both sets have a batch of 1 (their lengths still differ)
+ONE_SAMPLE_BATCH: set[str] = {
+    "tvp",  # views its column position embeddings at (batch, 1, width, hidden): a batch of 2 has twice too few
+}
+
 # model type -> channels of its raw audio, where neither its config nor its forward docstring says (the layout is
 # then batch x channels x samples)
 RAW_AUDIO_CHANNELS: dict[str, int] = {

@@ -203,6 +203,7 @@ KINDS = {
     "Qwen2_5OmniToken2WavDiTModel": "other",  # one flow step: noisy mel frames, their codes, a reference voice
     "GlmImageModel": "text+image",  # a source image then the grid to generate; a codebook token per placeholder
     "UVDocBridge": "image",  # built from its backbone's config, as the backbone builds it
+    "TvpForVideoGrounding": "text+video",  # one sample at a time: it views position embeddings at the batch size
 }
 
 
