@@ -948,7 +948,8 @@ def _fix_unbounded_dynamic_axes(exported_program) -> bool:
 
 def _count_ceiling(node):
     """The largest value a count of booleans can take (their sum over some axes, or the largest or smallest of such
-    sums): the number of elements summed, at the axes' largest sizes. None for a tensor that is no such count."""
+    sums): the number of elements summed, in the input's sizes (symbols where they are dynamic). None for a tensor
+    that is no such count."""
     aten = torch.ops.aten
     if not isinstance(node, torch.fx.Node) or node.op != "call_function":
         return None
@@ -960,17 +961,18 @@ def _count_ceiling(node):
     each = 1 if source.meta["val"].dtype == torch.bool else _count_ceiling(source)
     shape = source.meta["val"].shape
     axes = node.args[1] if node.target is aten.sum.dim_IntList and node.args[1] else range(len(shape))
-    sizes = [shape[axis] if isinstance(shape[axis], int) else shape[axis].node.shape_env.bound_sympy(
-        shape[axis].node.expr).upper for axis in axes]  # fmt: skip
+    sizes = [shape[axis] if isinstance(shape[axis], int) else shape[axis].node.expr for axis in axes]
     return None if each is None else each * math.prod(sizes)
 
 
 @register_fx_program_fix("executorch")
 def _fix_counts_read_from_data_bounded(exported_program) -> bool:
     """A number read from data has no known range, and to_edge's slice decomposition asks whether a slice's end is
-    negative (counted from the back) or past the axis: "Could not guard on data-dependent expression u22 < 0".
-    BLT cuts its patch starts at the largest count of entropy peaks: a count of booleans, between 0 and the number
-    of them counted. Such numbers get that range in the shape environment."""
+    negative (counted from the back) or past the axis: "Could not guard on data-dependent expression u22 < 0", or
+    "u22 > s69 - 1" on a dynamic axis. BLT cuts its patch starts at the largest count of entropy peaks: a count of
+    booleans, between 0 and the number of them counted. Such numbers get that range in the shape environment, and
+    where that number is symbolic, the fact that they do not exceed it."""
+    import sympy
     from torch.utils._sympy.value_ranges import ValueRanges
 
     reads = (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default)
@@ -980,13 +982,47 @@ def _fix_counts_read_from_data_bounded(exported_program) -> bool:
         if node.target not in reads or not isinstance(value, torch.SymInt) or not value.node.expr.is_symbol:
             continue
         ceiling = _count_ceiling(node.args[0])
-        ranges = value.node.shape_env.var_to_range
-        bounds = ranges.get(value.node.expr)
+        shape_env, count = value.node.shape_env, value.node.expr
+        bounds = shape_env.var_to_range.get(count)
         if ceiling is None or bounds is None:
             continue
-        narrowed = bounds & ValueRanges(0, ceiling)
+        ceiling = sympy.sympify(ceiling)
+        narrowed = bounds & ValueRanges(0, shape_env.bound_sympy(ceiling).upper)
         if narrowed != bounds:
-            ranges[value.node.expr] = narrowed
+            shape_env.var_to_range[count] = narrowed
+            changed = True
+        at_most = sympy.Le(count, ceiling)
+        if ceiling.free_symbols and shape_env._maybe_evaluate_static(at_most) is None:
+            # true of every count: a fact for the shape environment, checked again at run time where it asks
+            shape_env.guard_or_defer_runtime_assert(at_most, "a count of booleans is at most their number")
+            changed = True
+    return changed
+
+
+@register_fx_program_fix("executorch")
+def _fix_slices_to_a_count_as_long_as_it(exported_program) -> bool:
+    """The trace gave ``x[:, :count]`` a fresh unknown length: it could not tell the count from the width. Once
+    the count is known not to exceed the width (above), a retrace finds the count itself as that length, and
+    to_edge's rebinding of the old symbol to it fails on the next retrace ("u2 possible memo disaster"; BLT's
+    patch starts on a dynamic axis). The length is made the count for good; the slice binds no symbol of its own."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    changed = False
+    for node in exported_program.graph.nodes:
+        if node.target is not torch.ops.aten.slice.Tensor or len(node.args) < 4 or node.args[2] not in (None, 0):
+            continue
+        count_node = node.args[3]
+        count = getattr(count_node, "meta", {}).get("val")
+        if not isinstance(count, torch.SymInt) or node.args[4:] not in ((), (1,)):
+            continue
+        source, dim = node.args[0].meta["val"], node.args[1]
+        length = node.meta["val"].shape[dim]
+        bindings = node.meta.get("unbacked_bindings") or {}
+        if not isinstance(length, torch.SymInt) or set(bindings) != {length.node.expr}:
+            continue
+        if statically_known_true(count <= source.shape[dim]) and statically_known_true(count >= 0):
+            count.node.shape_env._set_replacement(length.node.expr, count.node.expr, "a slice up to a count")
+            del node.meta["unbacked_bindings"]
             changed = True
     return changed
 

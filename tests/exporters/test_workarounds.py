@@ -649,6 +649,8 @@ def test_blt_hashes_wrap_around_int64_on_onnx_runtime_as_in_torch():
 
 
 DYNAMIC_CELL_CASES = [  # (model class, backend, {workaround: (stage, message) of its dynamic cell without it})
+    # cuts its patch starts at a count of entropy peaks, on a dynamic axis
+    ("BltForCausalLM", "executorch", {"_fix_slices_to_a_count_as_long_as_it": ("to-edge", "memo disaster")}),
     # SEW-D views its relative attention at a quotient of products of batch and frames (a chain of floors of the
     # samples): interval arithmetic bounded it 9,003 deep (345 MB in a 35 MB arena, refused at load); the exact
     # search runs over ~950,000 input sizes (batch 2 to 32 by 1,360 to 32,000 samples)
@@ -2251,6 +2253,31 @@ def test_executorch_remainder_of_sizes_takes_the_sign_of_the_divisor():
         as_lowered = _executorch_dynamic(model, {"tokens": torch.randn(2, 7, 3)})
     with pytest.raises(RuntimeError, match="0x12"):  # padded by -3, a block short: the view refuses its size
         as_lowered(tokens=torch.randn(2, 7, 3))
+
+
+class _EntropyPatchStarts(torch.nn.Module):
+    """BLT's patcher: the positions of the peaks of each row first (then the other positions), cut at the largest
+    count of peaks, a number read from the data and compared with the width of a dynamic axis."""
+
+    def forward(self, scores):
+        peaks = scores > 0
+        width = peaks.shape[1]
+        positions = torch.arange(width).expand(scores.shape[0], -1)
+        starts = torch.cat([positions, torch.full_like(positions, width)], 1)[torch.cat([peaks, ~peaks], 1)]
+        return starts.reshape(scores.shape[0], width)[:, : peaks.sum(1).max()]
+
+
+def test_executorch_counts_read_from_data_stay_within_a_dynamic_width():
+    model, generator = _EntropyPatchStarts().eval(), torch.Generator().manual_seed(0)
+    exported = _executorch_dynamic(model, {"scores": torch.randn(2, 7, generator=generator)})
+    assert "_fix_counts_read_from_data_bounded" in exported.applied
+    for shape in ((2, 7), (3, 5), (2, 9)):
+        scores = torch.randn(*shape, generator=generator)
+        (got,) = exported(scores=scores).values()
+        assert torch.equal(got, model(scores)) and got.shape[1] < shape[1]
+    with disabled_workarounds("_fix_counts_read_from_data_bounded"):
+        with pytest.raises(exporters.ExportError, match=r"data-dependent expression u\d+"):
+            _executorch_dynamic(model, {"scores": torch.randn(2, 7, generator=generator)})
 
 
 class _RelativeShift(torch.nn.Module):
