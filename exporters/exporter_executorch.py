@@ -993,7 +993,7 @@ def _fix_counts_read_from_data_bounded(exported_program) -> bool:
             changed = True
         at_most = sympy.Le(count, ceiling)
         if ceiling.free_symbols and shape_env._maybe_evaluate_static(at_most) is None:
-            # true of every count: a fact for the shape environment, checked again at run time where it asks
+            # true of every count; the shape environment takes facts about unknown numbers as runtime asserts
             shape_env.guard_or_defer_runtime_assert(at_most, "a count of booleans is at most their number")
             changed = True
     return changed

@@ -1293,8 +1293,9 @@ class _TaskPrompts(torch.nn.Module):
 
 
 def test_omdet_turbo_task_prompts_are_cut_within_the_mask_for_executorch():
-    """On a symbolic width: the general fix bounds the mask's count by numbers only, so `to_edge` still asks
-    whether it passes the width; the patch says it cannot."""
+    """On a symbolic width: the general count fix bounds the mask's count by the mask's width, but the encoded
+    tokens have their own width symbol (two inputs), so `to_edge` still asks whether the count passes it; the patch
+    picks the tokens by position instead of slicing them."""
     context = _built_by_the_sweep("OmDetTurboForObjectDetection")
     model = _TaskPrompts(context.model.language_backbone).eval()
 
