@@ -885,6 +885,41 @@ def _patch_sdpa_skips_a_future_only_mask_as_eager_does(original):
     return get_interface
 
 
+@register_patch("dynamo", "transformers.modeling_utils.AttentionInterface.get_interface", reports=True)
+def _patch_sdpa_on_queries_counted_from_data(original):
+    """transformers' SDPA first asks `query length > 1` to pick the causal kernel. When that length was counted from
+    data (VideoMAE pre-training encodes only the patches its mask leaves visible) the question has no answer in the
+    trace, nor has the kernel's own check for an empty query. A module that is not causal needs neither: it gets
+    SDPA's arithmetic written out, which asks nothing about the length."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    def sdpa_not_asking_the_length(report, found, module, query, key, value, attention_mask, *args, **kwargs):
+        causal = kwargs.get("is_causal") or getattr(module, "is_causal", True)
+        extras = args or any(kwargs.get(name) is not None for name in ("position_bias", "cache", "softcap"))
+        if causal or extras or not free_unbacked_symbols(query.shape[2]):
+            return found(module, query, key, value, attention_mask, *args, **kwargs)
+        report()
+        groups = getattr(module, "num_key_value_groups", 1)
+        if groups > 1:
+            key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+        scores = query @ key.transpose(-1, -2) * (kwargs.get("scaling") or query.shape[-1] ** -0.5)
+        if attention_mask is not None and attention_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+        elif attention_mask is not None:
+            scores = scores + attention_mask
+        weights = torch.nn.functional.dropout(scores.softmax(-1), kwargs.get("dropout", 0.0), module.training)
+        return (weights @ value).transpose(1, 2).contiguous(), None
+
+    def get_interface(self, attn_implementation, default):
+        found = original(self, attn_implementation, default)
+        if attn_implementation != "sdpa":
+            return found
+        return functools.partial(sdpa_not_asking_the_length, applied_reporter(), found)
+
+    return get_interface
+
+
 @register_patch("dynamo", "transformers.models.phi4_multimodal.modeling_phi4_multimodal.create_bidirectional_mask",
                 reports=True)
 def _patch_phi4_vision_mask_causal_when_it_hides_nothing(original):

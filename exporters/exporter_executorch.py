@@ -29,6 +29,7 @@ import torch
 
 from .exported import Exported, build_metadata
 from .exporter_dynamo import DynamoConfig, _patch_contiguity_asked_without_guards, _resize_weights, trace_model
+from .exporter_onnx import _patch_running_extremes_by_comparison
 from .utils import (
     EXECUTORCH_BACKENDS,
     ExecutorchExportError,
@@ -196,6 +197,10 @@ def prepare_for_cuda(model):
 
 # ── Stage 2: Torch patches ───────────────────────────────────────────────────
 # `@register_patch("executorch", "torch.<op>")`: ops the ExecuTorch backends cannot take as the model calls them.
+
+
+# the runtime has no running maximum or minimum either (Grounding DINO's special-token spans)
+register_patch("executorch", "torch.cummax", "torch.cummin")(_patch_running_extremes_by_comparison)
 
 
 @register_patch("executorch", "torch.bucketize")
@@ -704,14 +709,22 @@ def _patch_scan_carries_resized(original):
 def _patch_dim_order_of_contiguous_strides(original):
     """ExecuTorch orders a tensor's axes by sorting its strides. Strides holding a data-dependent size (the number
     of image tokens, counted from the input ids) often cannot be compared. When each stride is a multiple of the
-    next, the axes are in contiguous order whatever the sizes turn out to be."""
+    next, the axes are in contiguous order whatever the sizes turn out to be. The shape environment does not see
+    every multiple (`8*(a + b) % 8` stays open): a quotient that is a whole expression is one too."""
+    import sympy
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, guard_or_false
+
+    def multiple(outer, inner):
+        if guard_or_false(outer % inner == 0):
+            return True
+        as_expression = [getattr(getattr(size, "node", None), "expr", size) for size in (outer, inner)]
+        return sympy.simplify(sympy.sympify(as_expression[0]) / as_expression[1]).is_integer is True
 
     def dim_order_from_stride(stride):
         try:
             return original(stride)
         except GuardOnDataDependentSymNode:
-            if not all(guard_or_false(outer % inner == 0) for outer, inner in zip(stride, stride[1:])):
+            if not all(multiple(outer, inner) for outer, inner in zip(stride, stride[1:])):
                 raise
             report_applied()
             return tuple(range(len(stride)))
@@ -1232,6 +1245,31 @@ def _fix_negative_padding_as_slice(graph_module, node) -> bool:
 
 
 @register_fx_node_fix("executorch")
+def _fix_tail_slice_of_a_count_from_the_front(graph_module, node) -> bool:
+    """`x[:, -count:]` with a count read from data (VideoMAE's decoder keeps the last `masked` tokens) starts at
+    `-count`, and to_edge's slice decomposition asks whether that start is negative: "Could not guard on
+    data-dependent expression -((u37//2)) < 0". The same tail starts at `size - count`, which is not. Only a count
+    of 0 tells them apart (all tokens or none), and eager fails on it: nothing masked, nothing to reconstruct."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, statically_known_true
+
+    aten = torch.ops.aten
+    if node.op != "call_function" or node.target is not aten.slice.Tensor or len(node.args) < 3:
+        return False
+    source, dim, start = node.args[:3]
+    from_back = getattr(start, "meta", {}).get("val")
+    if not isinstance(from_back, torch.SymInt) or not free_unbacked_symbols(from_back):
+        return False
+    if statically_known_true(from_back >= 0) or not statically_known_true(from_back <= 0):
+        return False
+    with graph_module.graph.inserting_before(node):
+        size = _call(graph_module.graph, aten.sym_size.int, source, dim)
+        from_front = _call(graph_module.graph, operator.add, size, start)
+    node.args = (source, dim, from_front, *node.args[3:])
+    node.meta.pop("unbacked_bindings", None)  # the length is now size - start's end, no fresh number
+    return True
+
+
+@register_fx_node_fix("executorch")
 def _fix_circular_padding_as_concatenation(graph_module, node) -> bool:
     """to_edge decomposes circular padding into an `empty` it fills, and the memory-format pass pins that `empty`'s
     symbolic sizes (Informer's token convolution pads circularly: its batch came out fixed). Wrapping around is
@@ -1456,6 +1494,31 @@ def _fix_certain_bernoulli(graph_module, node) -> bool:
         return False
     fill = torch.ops.aten.ones_like.default if probability == 1 else torch.ops.aten.zeros_like.default
     node.target, node.args, node.kwargs = fill, (source,), {}
+    return True
+
+
+def _scaled_by_zero(node) -> bool:
+    """Whether every use of ``node`` is a product by 0, or a product whose every use is."""
+    products = (torch.ops.aten.mul.Tensor, torch.ops.aten.mul.Scalar)
+    for user in node.users:
+        if user.target not in products:
+            return False
+        factor = user.args[1] if user.args[0] is node else user.args[0]
+        if not (isinstance(factor, (int, float)) and factor == 0) and not _scaled_by_zero(user):
+            return False
+    return bool(node.users)
+
+
+@register_fx_node_fix("executorch")
+def _fix_noise_scaled_by_zero(graph_module, node) -> bool:
+    """The runtime draws nothing at random ("randn_like is not in Core ATen"). Noise whose scale is 0 (VITS with
+    `noise_scale=0`, as the sweep runs it to compare with eager) is multiplied away: zeros give the same numbers,
+    the infinities and NaNs of the other factors included."""
+    aten = torch.ops.aten
+    zeros = {aten.randn.default: aten.zeros.default, aten.randn_like.default: aten.zeros_like.default}
+    if node.op != "call_function" or node.target not in zeros or not _scaled_by_zero(node):
+        return False
+    node.target = zeros[node.target]  # same arguments: the size or the tensor, then dtype, layout, device
     return True
 
 

@@ -1035,6 +1035,47 @@ def test_a_causal_mask_without_padding_is_skipped_as_eager_skips_it_for_a_module
         assert_parity(causal(**inputs), context.expected["A"], TOLERANCE["dynamo"])
 
 
+def test_attention_over_the_patches_a_mask_leaves_visible_exports_and_follows_the_mask():
+    context = _built_by_the_sweep("VideoMAEForPreTraining")  # encodes the patches left visible
+    inputs = context.inputs["A"]
+    exported = _export(context, "dynamo")
+    assert "_patch_sdpa_on_queries_counted_from_data" in exported.applied
+    assert_parity(exported(**inputs), context.expected["A"], TOLERANCE["dynamo"])
+    fewer_hidden = dict(inputs, bool_masked_pos=inputs["bool_masked_pos"].clone())
+    for hidden in fewer_hidden["bool_masked_pos"]:  # two more visible in every sample: a longer encoded sequence
+        hidden[hidden.nonzero()[:2, 0]] = False
+    assert_parity(exported(**fewer_hidden), context._forward(fewer_hidden), TOLERANCE["dynamo"])
+    with disabled_workarounds("_patch_sdpa_on_queries_counted_from_data"):
+        with pytest.raises(exporters.DynamoExportError, match="data-dependent"):
+            _export(context, "dynamo")
+
+
+def test_masked_video_pre_training_runs_in_executorch():
+    """Its decoder keeps the last `masked` tokens, a count read from the mask; attention then has strides summing
+    the visible and the masked counts."""
+    context = _built_by_the_sweep("VideoMAEForPreTraining")
+    exported = _export(context, "executorch")
+    assert {"_fix_tail_slice_of_a_count_from_the_front", "_patch_dim_order_of_contiguous_strides"} <= set(
+        exported.applied)
+    assert_parity(exported(**context.inputs["A"]), context.expected["A"], TOLERANCE["executorch"])
+
+
+def test_contiguous_strides_that_sum_counts_read_from_data_are_in_order():
+    from executorch.exir import tensor as executorch_tensor
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
+
+    shape_env = ShapeEnv()
+    visible, masked = shape_env.create_unbacked_symint(), shape_env.create_unbacked_symint()
+    for count in (visible, masked):
+        torch._check(count >= 0)
+    length = visible // 2 + masked // 2
+    strides = (32 * length, 8 * length, 8, 1)  # (batch, heads, length, head size), contiguous
+    with pytest.raises(GuardOnDataDependentSymNode, match=r"8\*\(\(u0//2\)\) \+ 8\*\(\(u1//2\)\) < 8"):
+        executorch_tensor.dim_order_from_stride(strides)
+    with apply_patches("executorch", select=lambda path: path == "executorch.exir.tensor.dim_order_from_stride"):
+        assert executorch_tensor.dim_order_from_stride(strides) == (0, 1, 2, 3)
+
+
 def test_canine_keeps_a_symbolic_length_through_its_local_attention_and_mask_pooling():
     workarounds = ["_patch_canine_local_attention_masked", "_patch_max_pool1d_by_windows"]
     fixed = _fixed_axes_with_and_without("CanineModel", workarounds)
@@ -1634,6 +1675,21 @@ class _PickedColumns(torch.nn.Module):
         return x[:, keep] * 2
 
 
+class _SilencedNoise(torch.nn.Module):
+    """VITS's prior sampler with its noise scale at 0, and its duration predictor's noise of a given size."""
+
+    def forward(self, means, log_variances):
+        noise = torch.randn(means.shape[0], 1, means.shape[2]) * 0.0
+        return means + torch.randn_like(means) * torch.exp(log_variances) * 0.0 + noise
+
+
+class _MaskedTail(torch.nn.Module):
+    """VideoMAE's decoder: the last `masked` tokens, their count read from the mask."""
+
+    def forward(self, tokens, masked):
+        return tokens[:, -masked.nonzero().shape[0]:] * 2
+
+
 class _Tubelets(torch.nn.Module):
     """VideoMAE's and Qwen-VL's patch embedding: a 3-D convolution whose stride is its kernel."""
 
@@ -1943,6 +1999,10 @@ MODULE_CASES = [  # (backend, module, inputs, workaround, error without it)
      "_fix_certain_bernoulli", "bernoulli.p is not in Core ATen"),
     ("executorch", _PickedColumns, {"x": torch.randn(2, 5, 8), "keep": torch.tensor([True, False, True, True, False])},
      "_patch_dim_order_of_contiguous_strides", r"data-dependent expression 8\*u\d+ < 8"),
+    ("executorch", _MaskedTail, {"tokens": torch.randn(2, 6, 3), "masked": torch.tensor([False, True, True, False])},
+     "_fix_tail_slice_of_a_count_from_the_front", r"data-dependent expression -u\d+ < 0"),
+    ("executorch", _SilencedNoise, {"means": torch.randn(2, 3, 5), "log_variances": torch.randn(2, 3, 5)},
+     "_fix_noise_scaled_by_zero", r"randn(_like)?\.default is not in Core ATen"),
 ]  # fmt: skip
 
 
