@@ -81,6 +81,10 @@ _QWEN4_INDEXER = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim
 # model type -> {config attribute (dotted into sub-configs): value}, applied after the generic shrink; a row
 # applies to its model type's config wherever it sits (a text config inside a multimodal one).
 TINY_OVERRIDES: dict[str, dict] = {
+    # the input projections group-normalize in 32 groups: at a width of 32 a group is one channel, one value on
+    # the last (1x1) feature level, normalized into rounding noise that each export rounds its own way
+    "grounding-dino": {"d_model": 64},
+    "mm-grounding-dino": {"d_model": 64},
     # its default layout has no attention layer at all, which its own masks then ask for
     "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"]},
     # block types cycle with period 3: keep one whole period so an attention block exists

@@ -421,6 +421,27 @@ def test_depth_bin_logits_stand_clear_of_the_heads_shift():
     assert seen[0].abs().median() > 1e-3
 
 
+@pytest.mark.parametrize("name", ["GroundingDinoForObjectDetection", "MMGroundingDinoForObjectDetection"])
+def test_group_norms_of_feature_levels_normalize_more_than_one_value(name):
+    """Grounding DINO group-normalizes each feature level in 32 groups. A group of one value (one channel, on the
+    1x1 last level) normalizes to rounding noise, which the encoder's layer norm scales up to the signal: ONNX and
+    ExecuTorch, rounding their own way, missed eager by 0.04."""
+    context = ClassContext(select(name)[0]).prepare()
+    assert context.ok, context.stages[-1].message
+    group_sizes = []
+
+    def record(module, args, _output):
+        group_sizes.append(module.num_channels // module.num_groups * args[0][0, 0].numel())
+
+    norms = [module for module in context.model.modules() if isinstance(module, torch.nn.GroupNorm)]
+    hooks = [norm.register_forward_hook(record) for norm in norms]
+    with torch.no_grad():
+        context.model(**context.inputs["A"])
+    for hook in hooks:
+        hook.remove()
+    assert group_sizes and min(group_sizes) > 1, group_sizes
+
+
 def test_audio_placeholders_are_expanded_by_the_towers_length_rule():
     """Qwen2-Audio has no get_audio_features to count with; a single placeholder it would expand itself only in
     eager (the expansion is off under export), so the inputs carry one per audio token, as its processor makes."""
