@@ -203,6 +203,42 @@ def prepare_for_cuda(model):
 register_patch("executorch", "torch.cummax", "torch.cummin")(_patch_running_extremes_by_comparison)
 
 
+@register_patch("executorch", "torch.nn.functional.conv3d", reports=True)
+def _patch_conv3d_as_frames_of_conv2d(original):
+    """The portable convolution takes 3-D and 4-D inputs only ("Expect input tensor to be 3-D or 4-D, but got, 5";
+    Emu3's video VQ-VAE). A 3-D convolution is the sum over the kernel's frames of 2-D convolutions, each of the
+    input frames that kernel frame meets. Patch embeddings (stride = kernel) stay for `_fix_patchify_conv3d`."""
+
+    def triple(value):
+        return tuple(value) * (3 if len(value) == 1 else 1) if isinstance(value, (tuple, list)) else (value,) * 3
+
+    def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+        kernel, stride, dilation = tuple(weight.shape[2:]), triple(stride), triple(dilation)
+        if isinstance(padding, str) or input.dim() != 5:
+            return original(input, weight, bias, stride, padding, dilation, groups)
+        padding = triple(padding)
+        if stride == kernel and padding == (0, 0, 0) and dilation == (1, 1, 1):
+            return original(input, weight, bias, stride, padding, dilation, groups)
+        report_applied()
+        if padding[0]:
+            input = torch.nn.functional.pad(input, (0, 0, 0, 0, padding[0], padding[0]))
+        batch, channels, depth = input.shape[:3]
+        frames_out = (depth - dilation[0] * (kernel[0] - 1) - 1) // stride[0] + 1
+        total = None
+        for index in range(kernel[0]):
+            start = index * dilation[0]
+            frames = input[:, :, start:start + (frames_out - 1) * stride[0] + 1:stride[0]]
+            frames = frames.transpose(1, 2).reshape(-1, channels, *input.shape[3:])
+            step = torch.nn.functional.conv2d(frames, weight[:, :, index], None, stride[1:], padding[1:],
+                                              dilation[1:], groups)
+            total = step if total is None else total + step
+        if bias is not None:
+            total = total + bias.view(-1, 1, 1)
+        return total.reshape(batch, frames_out, *total.shape[1:]).transpose(1, 2)
+
+    return conv3d
+
+
 @register_patch("executorch", "torch.bucketize")
 def _patch_bucketize_as_comparison(original):
     """`bucketize` is not in the Core ATen opset the edge dialect checks, and the portable runtime has no kernel
@@ -978,13 +1014,42 @@ def _count_ceiling(node):
     return None if each is None else each * math.prod(sizes)
 
 
+def _position_ceiling(node):
+    """The largest value a coordinate found by `nonzero` can take: its axis' size less one. `node` picks one such
+    coordinate from `nonzero`'s (count, axes) output, by a row then a column. None for anything else."""
+    aten = torch.ops.aten
+    column = None
+    while isinstance(node, torch.fx.Node) and node.op == "call_function":
+        if node.target is aten.nonzero.default:
+            if column is None:
+                return None
+            size = node.args[0].meta["val"].shape[column]
+            return (size if isinstance(size, int) else size.node.expr) - 1
+        if node.target is operator.getitem and node.args[0].target is aten.unbind.int and column is None:
+            unbound, column = node.args[0], node.args[1]
+            if unbound.args[1:] not in ((), (0,)) or unbound.args[0].meta["val"].dim() != 1:
+                return None
+            node = unbound.args[0]
+        elif node.target is aten.select.int and node.args[1] == 0:
+            if node.args[0].meta["val"].dim() == 1 and column is None:
+                column = node.args[2]
+            elif node.args[0].meta["val"].dim() != 2 or column is None:
+                return None
+            node = node.args[0]
+        else:
+            return None
+    return None
+
+
 @register_fx_program_fix("executorch")
 def _fix_counts_read_from_data_bounded(exported_program) -> bool:
     """A number read from data has no known range, and to_edge's slice decomposition asks whether a slice's end is
     negative (counted from the back) or past the axis: "Could not guard on data-dependent expression u22 < 0", or
-    "u22 > s69 - 1" on a dynamic axis. BLT cuts its patch starts at the largest count of entropy peaks: a count of
-    booleans, between 0 and the number of them counted. Such numbers get that range in the shape environment, and
-    where that number is symbolic, the fact that they do not exceed it."""
+    "u22 > s69 - 1" on a dynamic axis; and a `select` at such a number whether it is inside the axis. BLT cuts its
+    patch starts at the largest count of entropy peaks: a count of booleans, between 0 and the number of them
+    counted. ESMFold reads its best alignment's score at the coordinates `nonzero` finds: between 0 and the axis'
+    size less one. Such numbers get that range in the shape environment, and where the ceiling is symbolic, the
+    fact that they do not exceed it."""
     import sympy
     from torch.utils._sympy.value_ranges import ValueRanges
 
@@ -995,6 +1060,7 @@ def _fix_counts_read_from_data_bounded(exported_program) -> bool:
         if node.target not in reads or not isinstance(value, torch.SymInt) or not value.node.expr.is_symbol:
             continue
         ceiling = _count_ceiling(node.args[0])
+        ceiling = _position_ceiling(node.args[0]) if ceiling is None else ceiling
         shape_env, count = value.node.shape_env, value.node.expr
         bounds = shape_env.var_to_range.get(count)
         if ceiling is None or bounds is None:

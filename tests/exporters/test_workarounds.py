@@ -1675,6 +1675,14 @@ class _PickedColumns(torch.nn.Module):
         return x[:, keep] * 2
 
 
+class _ScoreAtFirstBest(torch.nn.Module):
+    """ESMFold's pTM: the score at the coordinates of the first maximum, which `nonzero` finds."""
+
+    def forward(self, scores):
+        best = (scores == scores.max()).nonzero()[0]
+        return scores[tuple(best)] * 2
+
+
 class _SilencedNoise(torch.nn.Module):
     """VITS's prior sampler with its noise scale at 0, and its duration predictor's noise of a given size."""
 
@@ -1688,6 +1696,17 @@ class _MaskedTail(torch.nn.Module):
 
     def forward(self, tokens, masked):
         return tokens[:, -masked.nonzero().shape[0]:] * 2
+
+
+class _VideoConvolution(torch.nn.Module):
+    """Emu3's video VQ-VAE: a 3-D convolution that pads and strides unlike its kernel (no patch embedding)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv3d(4, 6, kernel_size=3, stride=(1, 2, 2), padding=1)
+
+    def forward(self, video):
+        return self.conv(video)
 
 
 class _Tubelets(torch.nn.Module):
@@ -1757,6 +1776,7 @@ RUNTIME_CASES = [  # (module, inputs, workaround, what the ExecuTorch runtime sa
      "_patch_scatter_reduce_as_dense", "no kernel for aten::scatter_reduce"),
     (_PatchMaxima, {"states": torch.randn(2, 6, 3), "patches": torch.tensor([[0, 0, 1, 1, 3, 3], [0, 1, 1, 1, 1, 3]])},
      "_patch_scatter_reduce_as_dense", "no kernel for aten::scatter_reduce"),
+    (_VideoConvolution, {"video": torch.randn(2, 4, 5, 8, 8)}, "_patch_conv3d_as_frames_of_conv2d", "0x12"),
 ]  # fmt: skip
 
 
@@ -2003,6 +2023,8 @@ MODULE_CASES = [  # (backend, module, inputs, workaround, error without it)
      "_fix_tail_slice_of_a_count_from_the_front", r"data-dependent expression -u\d+ < 0"),
     ("executorch", _SilencedNoise, {"means": torch.randn(2, 3, 5), "log_variances": torch.randn(2, 3, 5)},
      "_fix_noise_scaled_by_zero", r"randn(_like)?\.default is not in Core ATen"),
+    ("executorch", _ScoreAtFirstBest, {"scores": torch.randn(2, 7)},
+     "_fix_counts_read_from_data_bounded", r"data-dependent expression 2 <= -u\d+ - 1"),
 ]  # fmt: skip
 
 
