@@ -1331,7 +1331,7 @@ def _fix_tail_slice_of_a_count_from_the_front(graph_module, node) -> bool:
         size = _call(graph_module.graph, aten.sym_size.int, source, dim)
         from_front = _call(graph_module.graph, operator.add, size, start)
     node.args = (source, dim, from_front, *node.args[3:])
-    node.meta.pop("unbacked_bindings", None)  # the length is now size - start's end, no fresh number
+    node.meta.pop("unbacked_bindings", None)  # the length follows from the new start: no fresh number to bind
     return True
 
 
