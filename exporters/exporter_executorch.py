@@ -830,7 +830,11 @@ def _patch_sizes_bounded_exactly(original):
 
     A size that depends on a number read from data with no bound of its own has none ("Cannot evaluate a finite
     upper bound"); that number is taken within `_DATA_DEPENDENT_CEILING` either side of zero, and past it the
-    runtime refuses to resize the tensor."""
+    runtime refuses to resize the tensor.
+
+    Where interval arithmetic finds no finite bound but the size has a traced value, ExecuTorch plans that value
+    silently: Swin2SR's window reverse (`height // (height // window)`, a quotient by a floor that may be 0) was
+    planned for the traced batch, and a batch of 3 ran out of room ("Attempted to resize a bounded tensor")."""
     import numpy
     import sympy
     from torch.utils._sympy.numbers import int_oo
@@ -881,7 +885,8 @@ def _patch_sizes_bounded_exactly(original):
             key = (expr, spans)
             if key not in largest:
                 largest[key] = find_largest(expr, symbols, spans)
-            if largest[key] is not None and (bound is None or largest[key] < bound):
+            # the original's number is no bound where interval arithmetic finds none: it is then the traced size
+            if largest[key] is not None and largest[key] != bound:
                 report_applied()
                 return largest[key]
         if unbounded is not None:

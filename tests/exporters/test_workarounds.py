@@ -2388,6 +2388,28 @@ def test_executorch_plans_memory_for_the_largest_value_of_each_size():
             exported(scores=other)
 
 
+def test_a_size_interval_arithmetic_cannot_bound_is_planned_for_its_largest_value_not_its_traced_one():
+    # Swin2SR's window reverse divides a padded height by its window count, a floor interval arithmetic lets reach 0:
+    # ExecuTorch planned the traced batch's size, and a batch of 3 ran out of room ("Attempted to resize")
+    from executorch.exir import sym_util
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+    shape_env = ShapeEnv()
+
+    def input_size(name, traced, largest):
+        symbol = shape_env.create_symbol(traced, ConstantSource(name), dynamic_dim=DimDynamic.DYNAMIC)
+        shape_env.constrain_symbol_range(symbol, compiler_min=2, compiler_max=largest)
+        return shape_env.create_symintnode(symbol, hint=traced)
+
+    batch, height = input_size("batch", 2, 32), input_size("height", 16, 64)
+    padded = height + (8 - height % 8) % 8
+    rows = batch * (padded // (padded // 8))  # always batch * 8
+    assert sym_util.eval_upper_bound(rows) == 2 * 8
+    with apply_patches("executorch", select=lambda path: path == "executorch.exir.sym_util.eval_upper_bound"):
+        assert sym_util.eval_upper_bound(rows) == 32 * 8
+
+
 class _GuardedProjection(torch.nn.Module):
     """A branch on the sequence length (a guard on a symbolic size) around a linear layer XNNPACK takes."""
 
