@@ -1400,6 +1400,29 @@ def _fix_alias_as_its_input(graph_module, node) -> bool:
     return True
 
 
+@register_fx_node_fix("executorch")
+def _fix_slice_of_channels_last_from_a_contiguous_copy(graph_module, node) -> bool:
+    """A slice of a channels-last tensor (a convolution's output over permuted tokens) is a view in eager; ExecuTorch
+    runs it as `slice_copy`, whose output it plans contiguous, and its kernel refuses to copy between dim orders
+    ("tensors_have_same_dim_order", 0x12; Swin2SR crops its upscaled image at a symbolic size). The slice reads a
+    contiguous copy, which ExecuTorch makes with a kernel that converts dim orders."""
+    from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+    if node.op != "call_function" or node.target is not torch.ops.aten.slice.Tensor:
+        return False
+    source = node.args[0]
+    value = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+    if not isinstance(value, torch.Tensor) or value.dim() != 4 or guard_or_false(value.is_contiguous()):
+        return False
+    if not guard_or_false(value.is_contiguous(memory_format=torch.channels_last)):
+        return False
+    with graph_module.graph.inserting_before(node):
+        copy = contiguous_copy(graph_module.graph, source)
+    node.replace_input_with(source, copy)
+    node.meta["val"] = node.meta["val"].contiguous()  # the slice of a contiguous tensor; only its strides change
+    return True
+
+
 def _has_no_elements(node) -> bool:
     value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
     return value is not None and any(isinstance(size, int) and size == 0 for size in value.shape)

@@ -1804,6 +1804,30 @@ def test_executorch_sorts_a_symbolic_length_as_a_top_k_of_all():
     torch.testing.assert_close(got, model(**other))
 
 
+class _CroppedUpscale(torch.nn.Module):
+    """Swin2SR's upsampler: tokens laid out as an image (channels last), upscaled by a pixel shuffle, cropped."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(4, 12, 3, padding=1)
+        self.last = torch.nn.Conv2d(3, 3, 3, padding=1)
+
+    def forward(self, tokens):  # (batch, height, width, channels)
+        image = self.last(torch.nn.functional.pixel_shuffle(self.conv(tokens.permute(0, 3, 1, 2)), 2)) + 0.5
+        return image[:, :, : tokens.shape[1] * 2 - 1, : tokens.shape[2] * 2]
+
+
+def test_executorch_crops_a_channels_last_image_at_a_symbolic_size():
+    model, traced = _CroppedUpscale().eval(), {"tokens": torch.randn(2, 6, 5, 4)}
+    exported = _executorch_dynamic(model, traced)
+    assert "_fix_slice_of_channels_last_from_a_contiguous_copy" in exported.applied
+    _assert_runs_like_eager(exported, model, {"tokens": torch.randn(3, 7, 6, 4)})
+    with disabled_workarounds("_fix_slice_of_channels_last_from_a_contiguous_copy"):
+        as_traced = _executorch_dynamic(model, traced)
+    with pytest.raises(RuntimeError, match="0x12"):  # the slice's copy refuses two dim orders
+        as_traced(**traced)
+
+
 class _KeySample(torch.nn.Module):
     """Informer's ProbSparse attention measures its queries against keys drawn at random."""
 
