@@ -207,7 +207,8 @@ register_patch("executorch", "torch.cummax", "torch.cummin")(_patch_running_extr
 def _patch_conv3d_as_frames_of_conv2d(original):
     """The portable convolution takes 3-D and 4-D inputs only ("Expect input tensor to be 3-D or 4-D, but got, 5";
     Emu3's video VQ-VAE). A 3-D convolution is the sum over the kernel's frames of 2-D convolutions, each of the
-    input frames that kernel frame meets. Patch embeddings (stride = kernel) stay for `_fix_patchify_conv3d`."""
+    input frames that kernel frame meets. Patch embeddings (stride = kernel) of a video whose sizes are known stay
+    for `_fix_patchify_conv3d`, which folds them into one linear layer."""
 
     def triple(value):
         return tuple(value) * (3 if len(value) == 1 else 1) if isinstance(value, (tuple, list)) else (value,) * 3
@@ -217,7 +218,8 @@ def _patch_conv3d_as_frames_of_conv2d(original):
         if isinstance(padding, str) or input.dim() != 5:
             return original(input, weight, bias, stride, padding, dilation, groups)
         padding = triple(padding)
-        if stride == kernel and padding == (0, 0, 0) and dilation == (1, 1, 1):
+        patchify = stride == kernel and padding == (0, 0, 0) and dilation == (1, 1, 1)
+        if patchify and all(isinstance(size, int) for size in input.shape[2:]):
             return original(input, weight, bias, stride, padding, dilation, groups)
         report_applied()
         if padding[0]:
@@ -878,7 +880,8 @@ def _patch_sizes_bounded_exactly(original):
             bound = original(size)
         except RuntimeError as error:  # no finite bound, nor a traced value
             unbounded = error
-        expr, ranges = size.node.expr, size.node.shape_env.var_to_range
+        shape_env = size.node.shape_env
+        expr, ranges = _counts_at_their_ceilings(size.node.expr, shape_env), shape_env.var_to_range
         symbols = sorted(expr.free_symbols, key=str)
         spans = tuple(planned(symbol, ranges.get(symbol)) for symbol in symbols)
         if None not in spans:
@@ -894,6 +897,105 @@ def _patch_sizes_bounded_exactly(original):
         return bound
 
     return eval_upper_bound
+
+
+def _counts_at_their_ceilings(expr, shape_env):
+    """``expr`` with each number read from data that has a known ceiling (a fact ``u <= c`` of the shape
+    environment, ``c`` of input sizes only) replaced by it, where ``expr`` does not shrink as the number grows: the
+    largest value over the inputs' sizes is then an upper bound that keeps the tie between the count and the sizes
+    (VideoMAE's visible tokens per sample, `count // batch`, at most the patches per sample, not the whole batch's
+    count over a batch of 2)."""
+    import sympy
+
+    for symbol in sorted(expr.free_symbols, key=str):
+        if not str(symbol).startswith("u"):
+            continue
+        for fact in shape_env.deferred_runtime_asserts.get(symbol, ()):
+            relation = fact.expr
+            if isinstance(relation, sympy.GreaterThan):
+                relation = sympy.Le(relation.rhs, relation.lhs, evaluate=False)
+            if not isinstance(relation, sympy.LessThan) or relation.lhs != symbol:
+                continue
+            ceiling = relation.rhs
+            if ceiling.free_symbols and all(str(free).startswith("s") for free in ceiling.free_symbols):
+                if _nondecreasing(expr, symbol, shape_env):
+                    expr = expr.xreplace({symbol: ceiling})
+                break
+    return expr
+
+
+def _nondecreasing(expr, symbol, shape_env) -> bool:
+    """Whether ``expr`` cannot shrink as ``symbol`` grows, told from its form alone (sums, products of nonnegative
+    terms, floor divisions by a positive divisor, maxima and minima). False when unsure."""
+    import sympy
+
+    if symbol not in expr.free_symbols:
+        return True
+    if expr == symbol:
+        return True
+
+    def nonnegative(term):
+        return shape_env.bound_sympy(term).lower >= 0
+
+    name = type(expr).__name__
+    if isinstance(expr, sympy.Add) or name in ("Max", "Min"):
+        return all(_nondecreasing(term, symbol, shape_env) for term in expr.args)
+    if isinstance(expr, sympy.Mul):
+        return all(nonnegative(term) and _nondecreasing(term, symbol, shape_env) for term in expr.args)
+    if name == "FloorDiv":
+        numerator, divisor = expr.args
+        return symbol not in divisor.free_symbols and shape_env.bound_sympy(divisor).lower > 0 and (
+            _nondecreasing(numerator, symbol, shape_env))
+    if isinstance(expr, sympy.Pow):
+        base, exponent = expr.args
+        return exponent.is_Integer and exponent > 0 and nonnegative(base) and _nondecreasing(base, symbol, shape_env)
+    return False
+
+
+@register_patch(
+    "executorch", "executorch.exir.passes.sym_shape_eval_pass.ConstraintBasedSymShapeEvalPass.call", reports=True
+)
+def _patch_counts_of_selected_elements_at_most_their_number(original):
+    """A boolean mask's selection (`x[mask]`, `nonzero`) counts at most the mask's elements, yet the trace bounds the
+    count by the largest mask alone, not by the mask's own size: the count is tied to the batch no more. Before
+    ExecuTorch plans memory from sizes' upper bounds, each such count gets the fact ``count <= mask's elements``,
+    which the bound search (`_counts_at_their_ceilings`) uses. VideoMAE pre-training, dynamic, planned
+    (32, 4, 1024, 1024) attention scores for 32 tokens per sample: 0x21 at load."""
+    import sympy
+
+    aten = torch.ops.aten
+
+    def counted(node):  # the mask a node's unknown count counts, or None
+        target = getattr(node.target, "_op", node.target)  # an edge operator wraps its ATen one
+        if target is aten.nonzero.default:
+            return node.args[0]
+        if target is aten.index.Tensor:
+            masks = [index for index in node.args[1] if isinstance(index, torch.fx.Node)
+                     and index.meta["val"].dtype == torch.bool]  # fmt: skip
+            return masks[0] if len(node.args[1]) == 1 and len(masks) == 1 else None
+        return None
+
+    def call(self, graph_module):
+        for module in graph_module.modules():
+            if not isinstance(module, torch.fx.GraphModule):
+                continue
+            for node in module.graph.nodes:
+                mask = counted(node) if node.op == "call_function" else None
+                value = node.meta.get("val")
+                if mask is None or not isinstance(value, torch.Tensor) or not isinstance(value.shape[0], torch.SymInt):
+                    continue
+                # ExecuTorch's passes may rerun a node without keeping the record of the count it binds
+                count, shape_env = value.shape[0].node.expr, value.shape[0].node.shape_env
+                if not count.is_symbol or not str(count).startswith("u"):
+                    continue
+                sizes = [size if isinstance(size, int) else size.node.expr for size in mask.meta["val"].shape]
+                at_most = sympy.Le(count, math.prod(sizes))
+                if shape_env._maybe_evaluate_static(at_most) is None:
+                    shape_env.guard_or_defer_runtime_assert(at_most, "a selection counts at most its mask's elements")
+                    report_applied()
+        return original(self, graph_module)
+
+    return call
 
 
 @register_patch("executorch", "torch.export.exported_program._convert_guards_to_code", reports=True)

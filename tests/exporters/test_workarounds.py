@@ -1780,6 +1780,19 @@ RUNTIME_CASES = [  # (module, inputs, workaround, what the ExecuTorch runtime sa
 ]  # fmt: skip
 
 
+def test_executorch_embeds_tubelets_of_a_video_whose_sizes_are_symbolic():
+    model, traced = _Tubelets().eval(), {"video": torch.randn(2, 3, 4, 8, 12)}
+    exported = _executorch_dynamic(model, traced)
+    assert "_patch_conv3d_as_frames_of_conv2d" in exported.applied
+    other = torch.randn(3, 3, 6, 12, 8)
+    (got,) = exported(video=other).values()
+    torch.testing.assert_close(got, model(other), atol=1e-5, rtol=1e-5)
+    with disabled_workarounds("_patch_conv3d_as_frames_of_conv2d"):
+        as_traced = _executorch_dynamic(model, traced)
+    with pytest.raises(RuntimeError, match="0x12"):  # 3-D and 4-D inputs only
+        as_traced(**traced)
+
+
 @pytest.mark.parametrize("module, inputs, workaround, error", RUNTIME_CASES, ids=[c[2] for c in RUNTIME_CASES])
 def test_a_pattern_the_executorch_runtime_cannot_run_is_rewritten(module, inputs, workaround, error):
     model = module().eval()
@@ -1826,6 +1839,37 @@ def test_executorch_crops_a_channels_last_image_at_a_symbolic_size():
         as_traced = _executorch_dynamic(model, traced)
     with pytest.raises(RuntimeError, match="0x12"):  # the slice's copy refuses two dim orders
         as_traced(**traced)
+
+
+class _VisibleTokenAttention(torch.nn.Module):
+    """VideoMAE pre-training: each sample's visible tokens (as many per sample), picked by the mask, attend to each
+    other."""
+
+    def forward(self, tokens, masked):
+        visible = tokens[~masked].reshape(tokens.shape[0], -1, tokens.shape[2])
+        return visible @ visible.transpose(1, 2)
+
+
+def _planned_bytes(exported) -> int:
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    deserialized = deserialize_pte_binary(exported.program)
+    return sum(getattr(deserialized, "program", deserialized).execution_plan[0].non_const_buffer_sizes)
+
+
+def test_executorch_plans_a_selection_per_sample_for_the_samples_not_for_the_whole_mask():
+    model, masked = _VisibleTokenAttention().eval(), torch.zeros(2, 64, dtype=torch.bool)
+    masked[:, ::2] = True
+    traced = {"tokens": torch.randn(2, 64, 8), "masked": masked}
+    exported = _executorch_dynamic(model, traced)
+    assert "_patch_counts_of_selected_elements_at_most_their_number" in exported.applied
+    masked = torch.zeros(3, 80, dtype=torch.bool)
+    masked[:, :60] = True
+    _assert_runs_like_eager(exported, model, {"tokens": torch.randn(3, 80, 8), "masked": masked})
+    with disabled_workarounds("_patch_counts_of_selected_elements_at_most_their_number"):
+        as_traced = _executorch_dynamic(model, traced)
+    # without the tie, a batch of 2 could hold all of the largest mask's tokens: 256 x 256 at a batch of 256
+    assert _planned_bytes(as_traced) > 50 * _planned_bytes(exported)
 
 
 class _KeySample(torch.nn.Module):
