@@ -127,6 +127,10 @@ TINY_OVERRIDES: dict[str, dict] = {
     # the vision MLP and the projector read the pixel-shuffled patches (hidden / ratio**2 wide), and the adapter
     # maps projector_input_dim back to projector_output_dim, which must be equal
     "llama4_vision_model": {"intermediate_size": 128, "projector_input_dim": 32},
+    # a tiny context: the chunked attention bounds the sequence below its chunk (8,192 tokens), and ExecuTorch plans
+    # the attention scores for that bound (34 GB each at a batch of 32: bad_alloc at load)
+    "llama4_text": {"attention_chunk_size": 32},
+    "llama4": {"text_config.attention_chunk_size": 32},
     # the adapter reads merge x merge vision patches folded into channels: out_hidden_size is 4x the vision width
     "muse_glimmer": {"out_hidden_size": 128},
     "muse_spark": {"out_hidden_size": 128},

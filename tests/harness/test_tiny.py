@@ -442,6 +442,21 @@ def test_group_norms_of_feature_levels_normalize_more_than_one_value(name):
     assert group_sizes and min(group_sizes) > 1, group_sizes
 
 
+def test_the_tiny_llama4_bounds_a_dynamic_sequence_by_a_tiny_context():
+    """Llama 4's chunked attention bounds the sequence below its chunk; at the real chunk (8,192 tokens) ExecuTorch
+    planned attention scores of 34 GB each for the tiny model (bad_alloc at load)."""
+    import exporters
+
+    context = ClassContext(select("Llama4ForCausalLM")[0]).prepare()
+    assert context.ok, context.stages[-1].message
+    exporter, config = exporters.exporter_for("dynamo", dynamic=True)
+    exported = exporter.export(context.model, context.inputs["A"], config)
+    length = exported.program.graph_signature.user_inputs[0]
+    (placeholder,) = [node for node in exported.program.graph.nodes if node.name == length]
+    sequence = placeholder.meta["val"].shape[1].node.expr
+    assert exported.program.range_constraints[sequence].upper <= 64
+
+
 def test_audio_placeholders_are_expanded_by_the_towers_length_rule():
     """Qwen2-Audio has no get_audio_features to count with; a single placeholder it would expand itself only in
     eager (the expansion is off under export), so the inputs carry one per audio token, as its processor makes."""
