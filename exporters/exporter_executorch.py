@@ -881,15 +881,17 @@ def _patch_sizes_bounded_exactly(original):
         except RuntimeError as error:  # no finite bound, nor a traced value
             unbounded = error
         shape_env = size.node.shape_env
-        expr, ranges = _counts_at_their_ceilings(size.node.expr, shape_env), shape_env.var_to_range
+        expr, ranges = size.node.expr, shape_env.var_to_range
+        # where interval arithmetic finds no bound, the original's number is the traced size
+        traced = not isinstance(bound_sympy(expr, ranges).upper, sympy.Integer)
+        expr = _counts_at_their_ceilings(expr, shape_env)
         symbols = sorted(expr.free_symbols, key=str)
         spans = tuple(planned(symbol, ranges.get(symbol)) for symbol in symbols)
         if None not in spans:
             key = (expr, spans)
             if key not in largest:
                 largest[key] = find_largest(expr, symbols, spans)
-            # the original's number is no bound where interval arithmetic finds none: it is then the traced size
-            if largest[key] is not None and largest[key] != bound:
+            if largest[key] is not None and (bound is None or traced or largest[key] < bound):
                 report_applied()
                 return largest[key]
         if unbounded is not None:
@@ -1521,7 +1523,6 @@ def _fix_slice_of_channels_last_from_a_contiguous_copy(graph_module, node) -> bo
     with graph_module.graph.inserting_before(node):
         copy = contiguous_copy(graph_module.graph, source)
     node.replace_input_with(source, copy)
-    node.meta["val"] = node.meta["val"].contiguous()  # the slice of a contiguous tensor; only its strides change
     return True
 
 
