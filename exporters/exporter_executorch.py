@@ -137,14 +137,19 @@ class ExecutorchExporter:
         return ExecutorchExported(program, metadata)
 
 
-def _operators_without_kernels(program: bytes) -> list[str]:
-    """The operators a serialized program calls that the runtime registers no kernel for."""
+def execution_plan(program: bytes):
+    """The serialized program's plan for `forward`: its operators, its planned memory buffers."""
     from executorch.exir._serialize._program import deserialize_pte_binary
-    from executorch.extension.pybindings.portable_lib import _get_operator_names
 
     deserialized = deserialize_pte_binary(program)
-    plan = getattr(deserialized, "program", deserialized)  # newer releases wrap the program with its segments
-    called = {f"{op.name}.{op.overload}" if op.overload else op.name for op in plan.execution_plan[0].operators}
+    return getattr(deserialized, "program", deserialized).execution_plan[0]  # newer releases wrap it with segments
+
+
+def _operators_without_kernels(program: bytes) -> list[str]:
+    """The operators a serialized program calls that the runtime registers no kernel for."""
+    from executorch.extension.pybindings.portable_lib import _get_operator_names
+
+    called = {f"{op.name}.{op.overload}" if op.overload else op.name for op in execution_plan(program).operators}
     return sorted(called - set(_get_operator_names()))
 
 
@@ -881,19 +886,20 @@ def _patch_sizes_bounded_exactly(original):
         except RuntimeError as error:  # no finite bound, nor a traced value
             unbounded = error
         shape_env = size.node.shape_env
-        expr, ranges = size.node.expr, shape_env.var_to_range
-        # where interval arithmetic finds no bound, the original's number is the traced size
-        traced = not isinstance(bound_sympy(expr, ranges).upper, sympy.Integer)
-        expr = _counts_at_their_ceilings(expr, shape_env)
+        original_expr, ranges = size.node.expr, shape_env.var_to_range
+        expr = _counts_at_their_ceilings(original_expr, shape_env)
         symbols = sorted(expr.free_symbols, key=str)
         spans = tuple(planned(symbol, ranges.get(symbol)) for symbol in symbols)
         if None not in spans:
             key = (expr, spans)
             if key not in largest:
                 largest[key] = find_largest(expr, symbols, spans)
-            if largest[key] is not None and (bound is None or traced or largest[key] < bound):
+            found = largest[key]
+            # where interval arithmetic finds no bound, the original's number is the traced size, no bound
+            if found is not None and (bound is None or found < bound
+                                      or not isinstance(bound_sympy(original_expr, ranges).upper, sympy.Integer)):
                 report_applied()
-                return largest[key]
+                return found
         if unbounded is not None:
             raise unbounded
         return bound

@@ -1851,10 +1851,9 @@ class _VisibleTokenAttention(torch.nn.Module):
 
 
 def _planned_bytes(exported) -> int:
-    from executorch.exir._serialize._program import deserialize_pte_binary
+    from exporters.exporter_executorch import execution_plan
 
-    deserialized = deserialize_pte_binary(exported.program)
-    return sum(getattr(deserialized, "program", deserialized).execution_plan[0].non_const_buffer_sizes)
+    return sum(execution_plan(exported.program).non_const_buffer_sizes)
 
 
 def test_executorch_plans_a_selection_per_sample_for_the_samples_not_for_the_whole_mask():
