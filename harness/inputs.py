@@ -32,6 +32,8 @@ from .tiny import IMAGE, PATCH, SPECIAL_FLOOR, special_token_ids, text_vocab
 # The two input sets: "A" is exported with, "B" (another batch and length) runs dynamic exports.
 INPUT_SIZES = {"A": (2, 7), "B": (3, 5)}
 AUDIO_SAMPLES = {"A": 8000, "B": 6400}  # raw audio: ~25 frames after a wav2vec2-style feature extractor
+# A backbone's last map is 1/16 to 1/32 of its image; 1/16 keeps both axes of a tiny image's map above 1.
+BACKBONE_MAP_STRIDE = 16
 NUM_CHOICES = 2
 MODALITY_INPUTS = {
     "pixel_values": "image",
@@ -492,7 +494,9 @@ def _hidden_states(context: Context) -> torch.Tensor:
         context.label_hint = "image"
         channels, height, width = _image_shape(context)
         if isinstance(reader, torch.nn.Conv2d) and reader.in_channels != channels:  # a head on a backbone's map
-            return context.randn(context.batch, reader.in_channels, height, width)
+            # at the map's size, not the image's: the image's would give a head with attention thousands of tokens
+            map_height, map_width = max(height // BACKBONE_MAP_STRIDE, 1), max(width // BACKBONE_MAP_STRIDE, 1)
+            return context.randn(context.batch, reader.in_channels, map_height, map_width)
         if isinstance(reader, torch.nn.Linear):  # a head on a backbone's flattened map (SLANet's table decoder)
             return context.randn(context.batch, (height // 4) * (width // 4), reader.in_features)  # at stride 4
         return _pixel_values(context)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from harness.cells import ClassContext
+from harness.inputs import make_inputs
 from harness.models import select
 from harness.tiny import VOCAB, WIDTH, tiny_config
 
@@ -455,6 +456,22 @@ def test_the_tiny_llama4_bounds_a_dynamic_sequence_by_a_tiny_context():
     (placeholder,) = [node for node in exported.program.graph.nodes if node.name == length]
     sequence = placeholder.meta["val"].shape[1].node.expr
     assert exported.program.range_constraints[sequence].upper <= 64
+
+
+@pytest.mark.parametrize("head, whole", [("PPOCRV5MobileRecEncoderWithSVTR", "PPOCRV5MobileRecModel"),
+                                         ("PPOCRV5ServerRecEncoderWithSVTR", "PPOCRV5ServerRecModel")])
+def test_a_head_on_a_backbones_map_is_fed_a_map_of_about_the_backbones_size(head, whole):
+    """Fed at the image's size, the mobile recognizer's SVTR head attended over 6,144 tokens where its backbone
+    gives it 6, and ExecuTorch's dynamic plan for it did not fit in memory (bad_alloc at load)."""
+    model = ClassContext(select(whole)[0]).prepare().model
+    image = make_inputs(model, "A")[0]["pixel_values"]
+    with torch.no_grad():
+        backbone_map = model.backbone(image).feature_maps[-1]
+    context = ClassContext(select(head)[0]).prepare()
+    assert context.ok, context.stages[-1].message
+    fed = context.inputs["A"]["hidden_states"]
+    assert fed.shape[:2] == backbone_map.shape[:2], "the backbone's batch and channels"
+    assert fed.shape[-2:].numel() <= 4 * backbone_map.shape[-2:].numel(), (fed.shape, backbone_map.shape)
 
 
 def test_audio_placeholders_are_expanded_by_the_towers_length_rule():
