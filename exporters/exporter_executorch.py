@@ -125,7 +125,7 @@ class ExecutorchExporter:
                 with log.stage("to-edge"):
                     edge = to_edge_transform_and_lower(traced.program, partitioner=partitioners)
                 with log.stage("to-executorch"):
-                    program = edge.to_executorch().buffer
+                    program = edge.to_executorch(_with_initial_states(edge.exported_program())).buffer
                 mutated_inputs = sum(
                     spec.kind.name == "USER_INPUT_MUTATION" for spec in edge.exported_program().graph_signature.output_specs
                 )
@@ -135,6 +135,19 @@ class ExecutorchExporter:
         # counted after lowering: functionalization turns in-place updates of inputs into leading outputs
         metadata["mutated_inputs"] = mutated_inputs
         return ExecutorchExported(program, metadata)
+
+
+def _with_initial_states(program):
+    """ExecuTorch plans a buffer the program updates as scratch memory, with no initial value: the program read
+    zeros where eager read the buffer (CTRL reassigns its position table to itself, cast to the embeddings' dtype,
+    which the trace records as an update). Every updated buffer starts from its value, as in eager."""
+    from executorch.exir import ExecutorchBackendConfig
+    from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
+
+    signature = program.graph_signature
+    updated = set(signature.buffers_to_mutate.values())
+    placeholders = [name for name, buffer in signature.inputs_to_buffers.items() if buffer in updated]
+    return ExecutorchBackendConfig(passes=[InitializedMutableBufferPass(placeholders)] if placeholders else [])
 
 
 def execution_plan(program: bytes):

@@ -2879,3 +2879,22 @@ def test_executorch_plans_memory_for_the_omni_audio_pairs():
         expected = model(**other)
     (features,) = exported(**other).values()
     torch.testing.assert_close(features, expected, atol=TOLERANCE["executorch"], rtol=TOLERANCE["executorch"])
+
+
+class _RecastTable(torch.nn.Module):
+    """CTRL: a position table reassigned in the forward, cast to the dtype it already has; the trace records an
+    update of the buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("table", torch.arange(1.0, 13.0).reshape(6, 2), persistent=False)
+
+    def forward(self, positions):
+        self.table = self.table.to(dtype=torch.float32)
+        return self.table[positions]
+
+
+def test_executorch_starts_a_buffer_the_program_updates_from_its_value():
+    model, inputs = _RecastTable().eval(), {"positions": torch.tensor([[0, 5, 2]])}
+    exported = _export_module(model, inputs, "executorch")
+    _assert_runs_like_eager(exported, model, inputs)  # ExecuTorch's default leaves it unset: zeros here
