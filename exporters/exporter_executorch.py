@@ -1263,10 +1263,10 @@ def _fix_attention_output_layout(graph_module, node) -> bool:
     return True
 
 
-def _call(graph, target, *args):
-    """A node ``target(*args)`` at the graph's insertion point, with its fake value."""
-    node = graph.call_function(target, args)
-    node.meta["val"] = target(*torch.fx.node.map_arg(args, lambda arg: arg.meta["val"]))
+def _call(graph, target, *args, **kwargs):
+    """A node ``target(*args, **kwargs)`` at the graph's insertion point, with its fake value."""
+    node = graph.call_function(target, args, kwargs)
+    node.meta["val"] = target(*torch.fx.node.map_arg(args, lambda arg: arg.meta["val"]), **kwargs)
     return node
 
 
@@ -1738,30 +1738,52 @@ def _fix_noise_scaled_by_zero(graph_module, node) -> bool:
     return True
 
 
+# integer dtypes whose values, times a sort's length, fit in int64
+_NARROW_INTEGERS = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32)
+
+
 @register_fx_node_fix("executorch")
 def _fix_sort_as_topk(graph_module, node) -> bool:
     """The runtime has no sort kernel, so a program that sorts fails to load ("OperatorMissing"; ViTMAE's random
     masking argsorts its noise, SAM-HQ sorts its point scores). Sorting is a top-k of every element along the
-    axis, which the runtime has; an argsort is that top-k's indices."""
+    axis, which the runtime has; an argsort is that top-k's indices. The top-k orders equal values its own way
+    where eager's sort keeps them in place (PP-DocLayoutV2 argsorts a 0/1 mask to put its kept boxes first, and
+    its boxes came out shuffled): small integers are ranked by a key with their position as the tie-break."""
     aten = torch.ops.aten
     sorts = {aten.sort.default: False, aten.sort.stable: False, aten.argsort.default: True, aten.argsort.stable: True}
     if node.op != "call_function" or node.target not in sorts:
         return False
     positional = node.args[1:] if node.target in (aten.sort.default, aten.argsort.default) else ()
     arguments = {**dict(zip(("dim", "descending"), positional)), **node.kwargs}
-    source, dim = node.args[0], arguments.get("dim", -1)
+    source, dim, descending = node.args[0], arguments.get("dim", -1), bool(arguments.get("descending", False))
     graph = graph_module.graph
     length = source.meta["val"].shape[dim]
-    if not isinstance(length, int):  # a symbolic length: read from the tensor at run time
+    key = source
+    if isinstance(length, int) and source.meta["val"].dtype in _NARROW_INTEGERS:
+        with graph.inserting_before(node):
+            key = _ranked_with_position_tie_break(graph, source, dim, length, descending)
+    elif not isinstance(length, int):  # a symbolic length: read from the tensor at run time
         length = _call_after(graph, source, aten.sym_size.int, dim % source.meta["val"].dim())
-    topk_args = (source, length, dim, bool(arguments.get("descending", False)), True)
-    if not sorts[node.target]:
-        node.target, node.args, node.kwargs = aten.topk.default, topk_args, {}
-        return True
-    topk = _call_after(graph, source, aten.topk.default, *topk_args[1:], after=node.prev)
-    node.replace_all_uses_with(_call_after(graph, topk, operator.getitem, 1))
+    topk = _call_after(graph, key, aten.topk.default, length, dim, descending, True, after=node.prev)
+    indices = _call_after(graph, topk, operator.getitem, 1)
+    if sorts[node.target]:
+        node.replace_all_uses_with(indices)
+    else:  # the values are the source's, whatever the key
+        values = _call_after(graph, source, aten.gather.default, dim, indices, after=indices)
+        for user in list(node.users):
+            user.replace_all_uses_with(values if user.args[1] == 0 else indices)
+            graph.erase_node(user)
     graph.erase_node(node)
     return True
+
+
+def _ranked_with_position_tie_break(graph, source, dim, length, descending):
+    """``source * (length + 1) -/+ position``: the order of ``source``, and among equal values the first first."""
+    aten = torch.ops.aten
+    wide = _call(graph, aten._to_copy.default, source, dtype=torch.int64)
+    positions = _call(graph, aten.cumsum.default, _call(graph, aten.ones_like.default, wide), dim)
+    scaled = _call(graph, aten.mul.Scalar, wide, length + 1)
+    return _call(graph, aten.sub.Tensor if descending else aten.add.Tensor, scaled, positions)
 
 
 @register_fx_node_fix("executorch")

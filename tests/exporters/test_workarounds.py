@@ -1817,6 +1817,25 @@ def test_executorch_sorts_a_symbolic_length_as_a_top_k_of_all():
     torch.testing.assert_close(got, model(**other))
 
 
+class _LevelOrder(torch.nn.Module):
+    """Positions ordered by a small integer level, many of them equal."""
+
+    def forward(self, levels):
+        ordered = torch.sort(levels, dim=-1)
+        return ordered.values, ordered.indices
+
+
+@pytest.mark.parametrize("model, inputs", [
+    (_RankedQueries(), {"queries": torch.randn(2, 12, 5)}),  # descending, a 0/1 key
+    (_LevelOrder(), {"levels": torch.randint(0, 3, (2, 16), dtype=torch.int32)}),  # ascending, values too
+])  # fmt: skip
+def test_executorch_sorts_equal_integers_in_the_order_they_came(model, inputs):
+    exported = _export_module(model.eval(), inputs, "executorch")
+    assert "_fix_sort_as_topk" in exported.applied
+    for got, expected in zip(exported(**inputs).values(), model(**inputs), strict=True):
+        torch.testing.assert_close(got, expected)
+
+
 class _CroppedUpscale(torch.nn.Module):
     """Swin2SR's upsampler: tokens laid out as an image (channels last), upscaled by a pixel shuffle, cropped."""
 
