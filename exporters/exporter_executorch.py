@@ -866,7 +866,7 @@ def _patch_sizes_bounded_exactly(original):
         if not symbols or any(span.upper is int_oo or span.lower is -int_oo for span in spans):
             return None
         axes = [numpy.arange(int(span.lower), int(span.upper) + 1) for span in spans]
-        if math.prod(len(axis) for axis in axes) > _BOUND_SEARCH_LIMIT:
+        if not 0 < math.prod(len(axis) for axis in axes) <= _BOUND_SEARCH_LIMIT:  # 0: a range with no value
             return None
         functions = {"FloorDiv": numpy.floor_divide, "PythonMod": numpy.mod, "Max": numpy.maximum,
                      "Min": numpy.minimum}
@@ -880,7 +880,8 @@ def _patch_sizes_bounded_exactly(original):
         if span is None or not str(symbol).startswith("u"):  # an input size (s0...) keeps its range
             return span
         lower = span.lower if isinstance(span.lower, sympy.Integer) else -_DATA_DEPENDENT_CEILING
-        upper = span.upper if isinstance(span.upper, sympy.Integer) else max(lower, _DATA_DEPENDENT_CEILING)
+        bounded = isinstance(span.upper, sympy.Integer) and span.upper < sys.maxsize - 1  # int64's top: no bound
+        upper = span.upper if bounded else max(lower, _DATA_DEPENDENT_CEILING)
         return ValueRanges(lower, upper)
 
     def find_largest(expr, symbols, spans):

@@ -325,6 +325,7 @@ def apply_patches(
     """
     fired = set() if fired is None else fired
     undo: list[Callable[[], None]] = []
+    load_registrations()  # a caller outside the exporters (a test) may come before their modules are imported
     try:
         for patch in _PATCHES[check_backend(backend)]:
             for path in patch.paths:

@@ -2496,6 +2496,25 @@ def test_a_size_interval_arithmetic_cannot_bound_is_planned_for_its_largest_valu
         assert sym_util.eval_upper_bound(rows) == 32 * 8
 
 
+def test_a_count_bounded_only_by_int64_is_planned_within_the_data_dependent_ceiling():
+    # RADIO's count of kept tokens came bounded by int64's top: the exact search's range was too long to build, and
+    # interval arithmetic's bound made memory offsets past 64 bits
+    import sys
+
+    from executorch.exir import sym_util
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from exporters.exporter_executorch import _DATA_DEPENDENT_CEILING
+
+    shape_env = ShapeEnv()
+    count = shape_env.create_unbacked_symint()
+    shape_env.constrain_symbol_range(count.node.expr, compiler_min=0, compiler_max=sys.maxsize - 1)
+    size = count * 4
+    assert sym_util.eval_upper_bound(size) > 2**64
+    with apply_patches("executorch", select=lambda path: path == "executorch.exir.sym_util.eval_upper_bound"):
+        assert sym_util.eval_upper_bound(size) == 4 * _DATA_DEPENDENT_CEILING
+
+
 class _GuardedProjection(torch.nn.Module):
     """A branch on the sequence length (a guard on a symbolic size) around a linear layer XNNPACK takes."""
 
