@@ -456,6 +456,16 @@ def _aten_randperm(n, dtype=None, layout=None, device=None, pin_memory=None):
     return order
 
 
+@register_onnx_translation(torch.ops.aten.bernoulli.default)
+def _aten_bernoulli(self, generator=None):
+    """ONNX Runtime's `Bernoulli` (1.32, CPU) draws one with the complement of each probability: a mask of
+    probability 0 came out all ones (Perceiver's multimodal preprocessor masks no modality but the label, and
+    every modality came out masked). A draw is one where a uniform number falls below its probability."""
+    from onnxscript import opset18 as op
+
+    return op.CastLike(op.Less(op.RandomUniformLike(self, high=1.0, low=0.0), self), self)
+
+
 @register_onnx_translation(torch.ops.aten.sym_numel.default)
 def _aten_sym_numel(self):
     """The element count of a tensor whose shape the trace does not know (a vision tower's packed image sequence

@@ -2066,6 +2066,28 @@ class _EvalModeDropout(torch.nn.Module):
         return torch.where(torch.bernoulli(embeddings, p=0.0) == 1, embeddings, 0) + embeddings
 
 
+class _ModalityMasks(torch.nn.Module):
+    """Perceiver's multimodal preprocessor: each modality's samples masked with its own probability (0 or 1)."""
+
+    def forward(self, audio, label):
+        never = torch.bernoulli(torch.full(audio.shape[:2], 0.0))
+        always = torch.bernoulli(torch.full(label.shape[:2], 1.0))
+        return audio * (1 - never[..., None]), label * (1 - always[..., None])
+
+
+def test_onnx_draws_bernoulli_ones_with_their_probability():
+    model, inputs = _ModalityMasks(), {"audio": torch.randn(2, 6, 3), "label": torch.randn(2, 1, 3)}
+    exported = _export_module(model, inputs, "onnx", dynamic=True)
+    assert "_aten_bernoulli" in exported.applied
+    other = {"audio": torch.randn(3, 4, 3), "label": torch.randn(3, 1, 3)}
+    for got, expected in zip(exported(**other).values(), model(**other), strict=True):
+        torch.testing.assert_close(got, expected)
+    with disabled_workarounds("_aten_bernoulli"):
+        as_runtime_draws = _export_module(model, inputs, "onnx", dynamic=True)
+    audio, label = as_runtime_draws(**other).values()
+    assert not audio.any() and torch.equal(label, other["label"]), "ONNX Runtime's Bernoulli draws the complement"
+
+
 MODULE_CASES = [  # (backend, module, inputs, workaround, error without it)
     ("executorch", _PatchPositions, {"coordinates": torch.tensor([[-1.0, 0.0, 0.1, 0.25, 0.3, 0.75, 0.9, 1.0]])},
      "_patch_bucketize_as_comparison", "bucketize.Tensor is not in Core ATen"),
