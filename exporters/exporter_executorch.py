@@ -124,10 +124,11 @@ class ExecutorchExporter:
 
                 with log.stage("to-edge"):
                     edge = to_edge_transform_and_lower(traced.program, partitioner=partitioners)
+                lowered = edge.exported_program()
                 with log.stage("to-executorch"):
-                    program = edge.to_executorch(_with_initial_states(edge.exported_program())).buffer
+                    program = edge.to_executorch(_with_initial_states(lowered)).buffer
                 mutated_inputs = sum(
-                    spec.kind.name == "USER_INPUT_MUTATION" for spec in edge.exported_program().graph_signature.output_specs
+                    spec.kind.name == "USER_INPUT_MUTATION" for spec in lowered.graph_signature.output_specs
                 )
         finally:
             log.note(sorted(fired))
