@@ -227,10 +227,11 @@ def register_patch(backend: str, *paths: str, reports: bool = False):
     return decorator
 
 
-def load_registrations() -> None:
-    """Import the exporter modules, whose decorators fill the registry (the package imports them lazily)."""
-    for module in ("exporter_dynamo", "exporter_onnx", "exporter_executorch"):
-        importlib.import_module(f"{__package__}.{module}")
+def load_registrations(*backends: str) -> None:
+    """Import the exporter modules (of ``backends``, or all), whose decorators fill the registry (the package
+    imports them lazily). Each backend's workarounds live in its own module."""
+    for backend in backends or BACKENDS:
+        importlib.import_module(f"{__package__}.exporter_{check_backend(backend)}")
 
 
 def registered_patches(backend: str) -> list[Patch]:
@@ -325,7 +326,7 @@ def apply_patches(
     """
     fired = set() if fired is None else fired
     undo: list[Callable[[], None]] = []
-    load_registrations()  # a caller outside the exporters (a test) may come before their modules are imported
+    load_registrations(backend)  # a caller outside the exporters (a test) may come before its module is imported
     try:
         for patch in _PATCHES[check_backend(backend)]:
             for path in patch.paths:
