@@ -74,13 +74,14 @@ class ResultCache:
     """``code_root`` (our package) and ``source_root`` (transformers) are where the hashed files are read."""
 
     def __init__(self, directory: Path | None = None, registry=None, code_root: Path = _ROOT,
-                 source_root: Path | None = None):  # fmt: skip
+                 source_root: Path | None = None, salt: str = ""):  # fmt: skip
         self.directory = Path(directory) if directory else default_cache_dir()
         self.results = self.directory / "results"
         self.registry = registry
         self.source_root = source_root or transformers_root()
         self._class_keys: dict[str, str] = {}
         self._code = code_digest(code_root)
+        self.salt = salt  # what else changes results (workarounds disabled for the run): another key
         self.hits = 0
 
     def class_key(self, model) -> str:
@@ -105,7 +106,7 @@ class ResultCache:
         return self._class_keys[model.name]
 
     def key(self, cell) -> str:
-        return _digest(self.class_key(cell.model), cell.backend, cell.shape_mode)
+        return _digest(self.class_key(cell.model), cell.backend, cell.shape_mode, *([self.salt] if self.salt else []))
 
     def _path(self, key: str) -> Path:
         return self.results / key[:2] / f"{key}.json"

@@ -313,13 +313,15 @@ def compare(actual: dict, expected: dict, atol: float, rtol: float) -> tuple[boo
         a, b = value.detach().to(torch.float64), reference.detach().to(torch.float64)
         if reference.is_complex() or value.is_complex():
             a, b = torch.view_as_real(value.to(torch.complex128)), torch.view_as_real(reference.to(torch.complex128))
-        both_nan = torch.isnan(a) & torch.isnan(b)
-        difference = torch.where(both_nan, torch.zeros_like(a), (a - b).abs())
+        same = (a == b) | (torch.isnan(a) & torch.isnan(b))  # inf against inf, NaN against NaN: no difference
+        difference = torch.where(same, torch.zeros_like(a), (a - b).abs())
         difference = torch.nan_to_num(difference, nan=float("inf"))
         abs_diff = float(difference.max())
         rel_diff = float((difference / b.abs().clamp_min(1e-6)).max())
         close = bool(torch.allclose(a, b, atol=atol, rtol=rtol, equal_nan=True))
-        details[name] = {"ok": close, "abs": abs_diff, "rel": rel_diff, "shape": list(reference.shape)}
+        nonfinite = int((~torch.isfinite(a) | ~torch.isfinite(b)).sum())  # matched where both sides agree on them
+        details[name] = {"ok": close, "abs": abs_diff, "rel": rel_diff, "shape": list(reference.shape),
+                         "elements": reference.numel(), "nonfinite": nonfinite}  # fmt: skip
         max_abs, max_rel, ok = max(max_abs, abs_diff), max(max_rel, rel_diff), ok and close
     for name, count in joined_counts.items():
         details[name]["joined"] = count

@@ -11,6 +11,7 @@ import difflib
 import fnmatch
 import json
 import os
+import random
 import re
 from dataclasses import asdict, dataclass
 from functools import cache
@@ -199,8 +200,11 @@ def select(
     model_types: list[str] | None = None,
     tasks: list[str] | None = None,
     limit: int | None = None,
+    sample: int | None = None,
+    seed: int = 0,
 ) -> list[ModelClass]:
-    """Classes picked by ``models`` (``smoke``, ``all``, or comma-separated names/globs) and the other filters.
+    """Classes picked by ``models`` (``smoke``, ``all``, or comma-separated names/globs) and the other filters, then
+    ``sample`` of them drawn at random with ``seed`` (same seed, same classes), then the first ``limit``.
 
     Every pattern, model type and task must match something; the error lists near matches.
     """
@@ -241,7 +245,24 @@ def select(
         chosen = [model for model in chosen if set(model.tasks) & set(tasks)]
     if not chosen:
         raise SelectionError("the filters together match no class")
+    if sample is not None and sample < len(chosen):
+        drawn = set(random.Random(seed).sample(sorted(model.name for model in chosen), sample))
+        chosen = [model for model in chosen if model.name in drawn]
     return chosen[:limit] if limit else chosen
+
+
+def in_selection(name: str, model_type: str, tasks, selection: dict) -> bool:
+    """Whether the filters of ``selection`` (models, model_types, tasks) take a class, read from a record: tells a
+    class gone from transformers (vanished) from one a narrower selection left out. Samples and limits are not
+    filters: a selection with either is not complete."""
+    models = selection.get("models") or "smoke"
+    if models != "all":
+        patterns = list(SMOKE_SET) if models == "smoke" else [p.strip() for p in models.split(",") if p.strip()]
+        if not any(_matches(pattern, name) for pattern in patterns):
+            return False
+    if selection.get("model_types") and model_type not in selection["model_types"]:
+        return False
+    return not selection.get("tasks") or bool(set(tasks) & set(selection["tasks"]))
 
 
 def shard(models: list[ModelClass], index: int, count: int, weights: dict[str, float] | None = None) -> list[ModelClass]:

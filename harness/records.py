@@ -78,11 +78,27 @@ class CellRecord:
 
     @classmethod
     def from_dict(cls, data: dict) -> CellRecord:
+        """A record read back from JSON, every field checked for its type: a record that would mislead a report (a
+        status that is no status, a number that is text) is refused with the field named."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown record fields: {', '.join(unknown)}")
-        stages = [StageRecord(**stage) for stage in data.get("stages", [])]
+        absent = [name for name in REQUIRED_FIELDS if name not in data]
+        if absent:
+            raise ValueError(f"missing record fields: {', '.join(absent)}")
+        _check_fields(data, _RECORD_TYPES, "")
+        if not isinstance(data["stages"], list):
+            raise ValueError(f"field 'stages' must be a list, found {_shown(data['stages'])}")
+        for index, stage in enumerate(data["stages"]):
+            if not isinstance(stage, dict):
+                raise ValueError(f"field 'stages[{index}]' must be an object, found {_shown(stage)}")
+            unknown = sorted(set(stage) - set(_STAGE_TYPES))
+            if unknown or "name" not in stage or "status" not in stage:
+                raise ValueError(f"field 'stages[{index}]' must have name and status, and only "
+                                 f"{', '.join(_STAGE_TYPES)}")  # fmt: skip
+            _check_fields(stage, _STAGE_TYPES, f"stages[{index}].")
+        stages = [StageRecord(**stage) for stage in data["stages"]]
         return cls(**{**data, "stages": stages})
 
     def finish(self) -> CellRecord:
@@ -100,6 +116,47 @@ class CellRecord:
             self.error_type, self.message = failed.error_type, failed.message
             self.error_signature = error_signature(failed.name, failed.error_type, failed.message)
         return self
+
+
+# ── The record's schema, checked on read ─────────────────────────────────────
+
+REQUIRED_FIELDS = ("model_class", "model_type", "backend", "shape_mode", "status", "stage", "stages", "seconds")
+_TEXT, _NUMBER, _FLAG = (str,), (int, float), (bool,)
+_OPTIONAL_TEXT, _OPTIONAL_NUMBER = (str, type(None)), (int, float, type(None))
+_RECORD_TYPES = {
+    "model_class": _TEXT, "model_type": _TEXT, "task": _TEXT, "backend": _TEXT, "shape_mode": _TEXT,
+    "status": _TEXT, "stage": _TEXT, "seconds": _NUMBER, "stages": (list,), "tasks": (list,),
+    "error_type": _OPTIONAL_TEXT, "message": _OPTIONAL_TEXT, "error_signature": _OPTIONAL_TEXT,
+    "traceback": _OPTIONAL_TEXT, "max_abs_diff": _OPTIONAL_NUMBER, "max_rel_diff": _OPTIONAL_NUMBER,
+    "atol": _OPTIONAL_NUMBER, "rtol": _OPTIONAL_NUMBER, "tolerance_reason": _OPTIONAL_TEXT, "parity": (dict,),
+    "input_set": _OPTIONAL_TEXT, "input_names": (list,), "applied": (list,), "registry": (dict, type(None)),
+    "reused": _FLAG, "cache_key": _OPTIONAL_TEXT, "repro": _OPTIONAL_TEXT, "worker": _OPTIONAL_TEXT,
+    "started_at": _OPTIONAL_TEXT, "finished_at": _OPTIONAL_TEXT, "peak_rss_mb": _OPTIONAL_NUMBER, "schema": (int,),
+}  # fmt: skip
+_STAGE_TYPES = {"name": _TEXT, "status": _TEXT, "seconds": _NUMBER, "error_type": _OPTIONAL_TEXT,
+                "message": _OPTIONAL_TEXT, "details": (dict,)}  # fmt: skip
+_VOCABULARIES = {"status": STATUSES, "backend": BACKENDS, "shape_mode": SHAPE_MODES}
+_TEXT_LISTS = ("tasks", "input_names", "applied")
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
+
+
+def _check_fields(data: dict, types: dict, prefix: str) -> None:
+    for name, value in data.items():
+        allowed = types[name]
+        # bool is an int to Python, never a number or a name in a record
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+            kinds = " or ".join("null" if kind is type(None) else kind.__name__ for kind in allowed)
+            raise ValueError(f"field '{prefix}{name}' must be {kinds}, found {_shown(value)}")
+        if name in _VOCABULARIES and value not in _VOCABULARIES[name]:
+            raise ValueError(f"field '{prefix}{name}' is {value!r}: expected one of {', '.join(_VOCABULARIES[name])}")
+        if name in _TEXT_LISTS and not all(isinstance(item, str) for item in value):
+            raise ValueError(f"field '{prefix}{name}' must be a list of text, found {_shown(value)}")
+        if name == "parity" and not all(isinstance(detail, dict) for detail in value.values()):
+            raise ValueError(f"field '{prefix}parity' must map each output to an object, found {_shown(value)}")
 
 
 # ── Error signatures: the same failure in two models reads the same ──────────

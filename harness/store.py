@@ -19,7 +19,11 @@ from pathlib import Path
 from .records import CellRecord
 
 RUN_FILE = "run.json"
+PLAN_FILE = "plan.json"
 CELLS_DIR = "cells"
+_RUN_TYPES = {"started_at": (str, type(None)), "finished_at": (str, type(None)), "options": (dict,),
+              "versions": (dict,), "sessions": (list,), "machine": (dict,), "counts": (dict,),
+              "git_sha": (str, type(None)), "plan": (dict, type(None)), "shards": (list,)}  # fmt: skip
 COLUMNS = [
     "cell_id", "model_class", "model_type", "task", "backend", "shape_mode", "status", "stage", "seconds",
     "max_abs_diff", "max_rel_diff", "atol", "rtol", "error_type", "error_signature", "message", "input_set",
@@ -50,25 +54,64 @@ def git_sha(directory: Path | None = None) -> str | None:
         return None
 
 
-def write_json_atomic(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path``, fsync it, rename it into place and fsync the folder: a
+    reader sees the old file or the new one, never a cut one, whatever happens (a full disk, a kill)."""
+    path = Path(path)
     try:
-        with os.fdopen(handle, "w") as stream:
-            json.dump(data, stream, indent=1, default=str)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as error:
+        raise OSError(error.errno, f"cannot write {path} ({error.strerror})") from None
+    try:
+        # the file keeps its mode (mkstemp's is 0600: a registry must stay readable by whoever read it before)
+        os.fchmod(handle, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_umask())
+        with os.fdopen(handle, "w", encoding="utf-8", errors="surrogatepass") as stream:
+            stream.write(text)
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(temporary, path)
-    except BaseException:
+    except BaseException as error:
         Path(temporary).unlink(missing_ok=True)
+        if isinstance(error, OSError) and not isinstance(error, FileNotFoundError):
+            raise OSError(error.errno, f"cannot write {path} ({error.strerror or error})") from None
         raise
+    fsync_folder(path.parent)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def fsync_folder(folder: Path) -> None:
+    """Make a rename inside ``folder`` durable (a no-op where folders cannot be opened)."""
+    try:
+        descriptor = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    write_text_atomic(path, json.dumps(data, indent=1, default=str))
 
 
 def read_json(path: Path) -> dict:
     try:
-        text = path.read_text()
+        text = Path(path).read_bytes().decode("utf-8")
     except OSError as error:
-        raise CorruptRecordError(f"{path}: cannot read ({error})") from None
+        raise CorruptRecordError(f"{path}: cannot read ({error.strerror or error})") from None
+    except UnicodeDecodeError as error:
+        raise CorruptRecordError(
+            f"{path}: not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset {error.start})"
+        ) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as error:
@@ -87,17 +130,27 @@ class RunStore:
         self.cells_dir = self.directory / CELLS_DIR
 
     # ── run metadata ──
-    def create(self, options: dict, resume: bool = False) -> dict:
-        """Start a run here; with ``resume``, continue the one already here. Refuses to mix two runs."""
+    def create(self, options: dict, resume: bool = False, plan=None, shard: int | None = None) -> dict:
+        """Start a run here; with ``resume``, continue the one already here. Refuses to mix two runs.
+
+        Everything is checked before anything is written: resuming a folder whose records do not all parse, or
+        with a plan other than the one it started with, changes nothing in it."""
         existing = self.cell_ids()
         if existing and not resume:
             raise FileExistsError(
                 f"{self.directory} already holds {len(existing)} cell records: pass --resume to continue that run, "
                 "or choose another --out folder"
             )
+        if self.directory.exists() and not self.directory.is_dir():
+            raise NotADirectoryError(f"{self.directory} is a file, not a run folder: choose another --out")
+        metadata: dict = {}
+        if resume and (self.directory / RUN_FILE).exists():
+            metadata = self.metadata()
+            self.records()  # a corrupt record stops the resume here, before run.json changes
+            if plan is not None:
+                self._check_same_plan(metadata, options, plan, shard)
         from exporters.exported import package_versions
 
-        metadata = self.metadata() if (resume and (self.directory / RUN_FILE).exists()) else {}
         metadata.update(
             {
                 "versions": package_versions(),
@@ -108,22 +161,56 @@ class RunStore:
                     "cpus": os.cpu_count(),
                     "python": platform.python_version(),
                 },
-                "options": options,
             }
         )
+        metadata.setdefault("options", options)  # a resumed run keeps the options it started with
         metadata.setdefault("started_at", now())
-        metadata.setdefault("sessions", []).append({"started_at": now(), "resumed": bool(resume and existing)})
+        session = {"started_at": now(), "resumed": bool(resume and existing)}
+        if options.get("argv") is not None:
+            session["argv"] = options["argv"]
+        metadata.setdefault("sessions", []).append(session)
         metadata.pop("finished_at", None)
+        if plan is not None:
+            plan.save(self.directory / PLAN_FILE)
+            metadata["plan"] = {"digest": plan.digest, "shard": shard, "shards": plan.shards, "cells": len(plan.cells(shard))}
         write_json_atomic(self.directory / RUN_FILE, metadata)
         return metadata
 
+    def _check_same_plan(self, metadata: dict, options: dict, plan, shard: int | None) -> None:
+        """A resume runs the plan the run started with: other classes, backends or shapes would mix two runs."""
+        started = metadata.get("plan") or {}
+        if started:
+            if (started.get("digest"), started.get("shard")) != (plan.digest, shard):
+                raise ValueError(
+                    f"{self.directory} was started with another selection (plan {started.get('digest')}, shard "
+                    f"{started.get('shard')}; now plan {plan.digest}, shard {shard}): resume it with the options it "
+                    f"started with ({' '.join(metadata.get('options', {}).get('argv') or []) or 'see its run.json'})"
+                )
+            return
+        # a run from before plans: its options say what it was to run
+        before = metadata.get("options", {})
+        keys = ("models", "model_types", "tasks", "limit", "shard", "backends", "shapes")
+        differ = [key for key in keys if key in before and before.get(key) != options.get(key)]
+        if differ:
+            raise ValueError(
+                f"{self.directory} was started with other options ({', '.join(f'{k}={before.get(k)!r}' for k in differ)}): "
+                "resume it with the options it started with"
+            )
+
     def metadata(self) -> dict:
-        return read_json(self.directory / RUN_FILE)
+        path = self.directory / RUN_FILE
+        data = read_json(path)
+        for key, kinds in _RUN_TYPES.items():
+            if key in data and not isinstance(data[key], kinds):
+                names = " or ".join("null" if kind is type(None) else kind.__name__ for kind in kinds)
+                raise CorruptRecordError(f"{path}: field {key!r} must be {names}, found {type(data[key]).__name__}")
+        return data
 
     def finish(self, **extra) -> dict:
         metadata = self.metadata()
         metadata["finished_at"] = now()
-        metadata["sessions"][-1]["finished_at"] = metadata["finished_at"]
+        if metadata.get("sessions"):
+            metadata["sessions"][-1]["finished_at"] = metadata["finished_at"]
         metadata.update(extra)
         write_json_atomic(self.directory / RUN_FILE, metadata)
         return metadata
@@ -145,10 +232,19 @@ class RunStore:
     def read(self, cell: str) -> CellRecord:
         return self._parse(self.path_for(cell))
 
-    def records(self) -> list[CellRecord]:
+    def records(self, errors: list[str] | None = None) -> list[CellRecord]:
+        """Every record; a corrupt one raises, or with ``errors`` is left out and its message appended there."""
         if not self.cells_dir.is_dir():
             return []
-        return [self._parse(path) for path in sorted(self.cells_dir.glob("*.json"))]
+        records = []
+        for path in sorted(self.cells_dir.glob("*.json")):
+            try:
+                records.append(self._parse(path))
+            except CorruptRecordError as error:
+                if errors is None:
+                    raise
+                errors.append(str(error))
+        return records
 
     @staticmethod
     def _parse(path: Path) -> CellRecord:
@@ -162,13 +258,21 @@ class RunStore:
         return record
 
 
+def require_run(directory: str | Path, what: str = "run") -> RunStore:
+    """The store of an existing run folder; a path that is none is named (never read as an empty run)."""
+    store = RunStore(directory)
+    if not store.directory.exists():
+        raise FileNotFoundError(f"{what} {store.directory}: no such folder")
+    if not (store.directory / RUN_FILE).exists() and not store.cells_dir.is_dir():
+        raise FileNotFoundError(f"{what} {store.directory} is not a run folder (no {RUN_FILE}, no {CELLS_DIR}/)")
+    return store
+
+
 def load_run(directory: str | Path):
     """One row per cell, with the stable columns in ``COLUMNS`` (plus ``tasks`` and ``applied`` as lists)."""
     import pandas
 
-    store = RunStore(directory)
-    if not (store.directory / RUN_FILE).exists() and not store.cells_dir.is_dir():
-        raise FileNotFoundError(f"{store.directory} is not a run folder (no {RUN_FILE}, no {CELLS_DIR}/)")
+    store = require_run(directory)
     rows = []
     for record in store.records():
         row = {column: getattr(record, column, None) for column in COLUMNS if column != "cell_id"}

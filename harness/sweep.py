@@ -50,10 +50,18 @@ class Plan:
 
 
 class Progress:
-    """One live line: cells done, counts per status, elapsed time and ETA. Plain lines when not on a terminal."""
+    """One live line: cells done, counts per status, elapsed time and ETA. Plain lines when not on a terminal.
 
-    def __init__(self, total: int, stream=sys.stderr, every: float = 0.5):
+    With ``estimates`` (seconds per cell id, from the baseline's records) the ETA weighs what is left by what it cost
+    last time, scaled by how this run compares so far: a sweep's heavy ExecuTorch classes do not all come last."""
+
+    def __init__(self, total: int, stream=None, every: float = 0.5, estimates: dict[str, float] | None = None,
+                 pending: list[str] | None = None):  # fmt: skip
+        stream = stream if stream is not None else sys.stderr
         self.total, self.stream, self.every = total, stream, every
+        self.estimates = estimates or {}
+        self.pending_estimate = sum(self.estimates.get(cell, 0.0) for cell in pending or [])
+        self.done_estimate = 0.0
         self.counts: Counter = Counter()
         self.done = 0
         self.start = time.monotonic()
@@ -64,11 +72,19 @@ class Progress:
     def add(self, record: CellRecord) -> None:
         self.done += 1
         self.counts[record.status] += 1
+        self.done_estimate += self.estimates.get(record.cell_id, 0.0)
         self.draw()
+
+    def eta(self, elapsed: float) -> float | None:
+        if not self.done:
+            return None
+        if self.done_estimate > 0 and self.pending_estimate > self.done_estimate:
+            return elapsed / self.done_estimate * (self.pending_estimate - self.done_estimate)
+        return elapsed / self.done * (self.total - self.done)
 
     def line(self) -> str:
         elapsed = time.monotonic() - self.start
-        eta = elapsed / self.done * (self.total - self.done) if self.done else None
+        eta = self.eta(elapsed)
         counts = " ".join(f"{status} {self.counts[status]}" for status in STATUSES if self.counts[status])
         return (
             f"[{self.done}/{self.total} cells] {counts or '-'} | {_clock(elapsed)} elapsed"
@@ -88,7 +104,8 @@ class Progress:
             self.last_plain = self.done
 
     def close(self) -> None:
-        self.draw(force=True)
+        if self.live or self.last_plain != self.done:  # the last plain line already says it all
+            self.draw(force=True)
         if self.live:
             self.stream.write("\n")
 
@@ -108,6 +125,8 @@ def run_sweep(
     reuse=None,
 ) -> Counter:
     """Run the plan; returns counts per status. ``reuse(cell) -> record | None`` serves cached results."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be 1 or more, not {jobs}")
     progress = progress or Progress(plan.total)
     counts: Counter = Counter()
     queue = [(model, plan.cells(model)) for model in plan.classes]

@@ -33,6 +33,7 @@ class WorkerOptions:
     threads: int = 1  # torch and ONNX Runtime intra-op threads per child
     log_dir: Path | None = None  # where children's stdout/stderr go (one file per class)
     poll_interval: float = 0.2
+    disabled_workarounds: tuple[str, ...] = ()  # run without these (what a workaround protects shows as failures)
 
 
 def warm_imports(backends) -> None:
@@ -61,6 +62,20 @@ def warm_imports(backends) -> None:
     from exporters.utils import import_patch_targets
 
     import_patch_targets()  # of the exporters imported above
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Have the kernel kill this process when its parent dies (a sweep killed with -9 must not leave a child
+    exporting to the end of its cell, or forever if it hangs). Linux only; elsewhere the pipe's end tells it."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the parent died before the request was in place
+        os._exit(1)
 
 
 def _signal_name(number: int) -> str:
@@ -264,6 +279,7 @@ class ClassWorker:
         parent_end, child_end = Pipe(duplex=True)
         sys.stdout.flush()
         sys.stderr.flush()
+        self.parent_pid = os.getpid()
         pid = os.fork()
         if pid == 0:  # child
             code = 0
@@ -283,6 +299,8 @@ class ClassWorker:
     # ── child side ──
     def _child_main(self, connection: Connection) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's handler raises into code it does not own
+        die_with_parent(self.parent_pid)
         if self.options.log_dir is not None:
             self.options.log_dir.mkdir(parents=True, exist_ok=True)
             log = os.open(self.options.log_dir / f"{self.model_class.name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
@@ -292,8 +310,13 @@ class ClassWorker:
         import torch
 
         torch.set_num_threads(self.options.threads)
-        context = ClassContext(self.model_class)
+        from exporters.utils import disabled_workarounds
 
+        context = ClassContext(self.model_class)
+        with disabled_workarounds(*self.options.disabled_workarounds):
+            self._serve(connection, context)
+
+    def _serve(self, connection: Connection, context: ClassContext) -> None:
         def on_stage(name: str, ended=()) -> None:
             shared, own = [vars(stage) for stage in context.stages], [vars(stage) for stage in ended]
             connection.send(("stage", (name, shared, own)))

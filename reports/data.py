@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.compare import CHANGE_KINDS, diff, expected_cells, stage_order
+from harness.plan import PlanError, SweepPlan, plan_of_run
 from harness.records import SHAPE_MODES, SHARED_STAGES, CellRecord, error_signature
-from harness.store import RunStore
+from harness.store import RUN_FILE, CorruptRecordError, RunStore, read_json
 
 from exporters.utils import BACKENDS
 
@@ -52,7 +53,21 @@ CATEGORY_LABELS = {
     "crash": "crash",
     "oom": "out of memory",
     "unavailable": "unavailable",
+    "missing": "missing (planned, not run)",
 }
+CHANGE_LABELS = {
+    "regression": "regressions: passed in the baseline, not now",
+    "new-failure": "new failures: not in the baseline, not passing",
+    "missing": "missing: planned, never run (a lost shard, a killed worker)",
+    "stage-moved": "stage moved: still failing, at another stage",
+    "drift": "drift: still passing, max |diff| grown tenfold or more",
+    "fixed": "fixed: did not pass in the baseline, pass now",
+    "new-pass": "new passes: not in the baseline, passing",
+    "vanished": "vanished: the class is gone from transformers",
+    "unchanged": "unchanged",
+}
+# What a maintainer asks first ("how are the VLMs doing?"): the inputs a class is fed say its modality.
+MODALITIES = ("text", "vision", "audio", "multimodal", "other")
 
 
 def category(record: CellRecord) -> str:
@@ -61,46 +76,85 @@ def category(record: CellRecord) -> str:
     return record.status
 
 
+def modality(record: CellRecord) -> str:
+    inputs = record.input_set or ""
+    if "+" in inputs:
+        return "multimodal"
+    return {"text": "text", "image": "vision", "video": "vision", "audio": "audio"}.get(inputs, "other")
+
+
 @dataclass
 class RunView:
     directory: Path
     metadata: dict
     records: list[CellRecord]
     by_id: dict[str, CellRecord] = field(default_factory=dict)
+    plan: SweepPlan | None = None
+    missing: list[str] = field(default_factory=list)  # planned cells without a record
+    corrupt: list[str] = field(default_factory=list)  # files that could not be read, each named: the rest renders
 
     @classmethod
     def load(cls, directory) -> RunView:
         store = RunStore(directory)
+        corrupt: list[str] = []
         try:
             metadata = store.metadata()
-        except ValueError:
+        except CorruptRecordError as error:
             metadata = {}
-        records = store.records()
+            if (store.directory / RUN_FILE).exists():
+                corrupt.append(str(error))
+        records = store.records(errors=corrupt)
         for record in records:  # the bucketing rules of this version, also for records written by older ones
             if record.error_signature:
                 record.error_signature = error_signature(record.stage, record.error_type, record.message)
-        return cls(Path(directory), metadata, records, {record.cell_id: record for record in records})
+        try:
+            plan = plan_of_run(store.directory)
+        except (PlanError, CorruptRecordError) as error:
+            plan = None
+            corrupt.append(str(error))
+        by_id = {record.cell_id: record for record in records}
+        expected = expected_cells(store.directory, plan) or set()
+        return cls(Path(directory), metadata, records, by_id, plan, sorted(expected - set(by_id)), corrupt)
+
+    @property
+    def label(self) -> str:
+        """How a run is named beside another: its start date, or its folder."""
+        return (self.metadata.get("started_at") or "")[:10] or self.directory.name
 
     @property
     def columns(self) -> list[tuple[str, str]]:
         """(backend, shape) columns present in this run, in the fixed order."""
         present = {(r.backend, r.shape_mode) for r in self.records}
-        options = self.metadata.get("options", {})
-        present |= {(b, s) for b in options.get("backends", []) for s in options.get("shapes", [])}
+        options = self.metadata.get("options", {}) if isinstance(self.metadata.get("options"), dict) else {}
+        backends, shapes = options.get("backends") or [], options.get("shapes") or []
+        if self.plan is not None:
+            backends, shapes = self.plan.backends, self.plan.shapes
+        present |= {(b, s) for b in backends for s in shapes if isinstance(b, str) and isinstance(s, str)}
         return [(b, s) for b in BACKENDS for s in SHAPE_MODES if (b, s) in present]
+
+    def missing_in(self, backend: str, shape: str) -> list[str]:
+        return [cell for cell in self.missing if cell.endswith(f"-{backend}-{shape}")]
 
     @property
     def classes(self) -> list[dict]:
-        """One row per class: name, model type, tasks, and its cells by column key."""
+        """One row per class: name, model type, tasks, and its cells by column key (missing ones named)."""
         rows: dict[str, dict] = {}
         for record in self.records:
             row = rows.setdefault(
                 record.model_class,
                 {"name": record.model_class, "model_type": record.model_type, "task": record.task,
-                 "tasks": record.tasks, "cells": {}},
+                 "tasks": record.tasks, "cells": {}, "missing": set(), "failing": 0},
             )  # fmt: skip
             row["cells"][f"{record.backend}-{record.shape_mode}"] = record
-        return sorted(rows.values(), key=lambda row: row["name"])
+            row["failing"] += record.status not in ("pass", "skip", "unavailable")
+        for cell in self.missing:
+            model, backend, shape = cell.rsplit("-", 2)
+            row = rows.setdefault(model, {"name": model, "model_type": "", "task": "", "tasks": [], "cells": {},
+                                          "missing": set(), "failing": 0})  # fmt: skip
+            row["missing"].add(f"{backend}-{shape}")
+            row["failing"] += 1
+        # failures first: what a maintainer opens the matrix for
+        return sorted(rows.values(), key=lambda row: (row["failing"] == 0, row["name"]))
 
     def duration(self) -> float | None:
         from datetime import datetime
@@ -132,64 +186,79 @@ def eager_tile(view: RunView) -> dict | None:
             "percent": _percent(passed, len(first)), "counts": Counter({"pass": passed}) + failed}  # fmt: skip
 
 
-def tiles(view: RunView) -> list[dict]:
+def tiles(view: RunView, baseline: RunView | None = None) -> list[dict]:
+    """Pass rate per column; planned cells without a record count as not passing. Against a baseline, each tile
+    carries its change in points."""
     eager = eager_tile(view)
     result = [eager] if eager else []
     for backend, shape in view.columns:
         cells = [r for r in view.records if r.backend == backend and r.shape_mode == shape]
+        missing = len(view.missing_in(backend, shape))
         passed = sum(r.status == "pass" for r in cells)
-        result.append(
-            {"backend": backend, "shape": shape, "passed": passed, "total": len(cells),
-             "percent": _percent(passed, len(cells)),
-             "counts": Counter(category(r) for r in cells)}
-        )  # fmt: skip
+        counts = Counter(category(r) for r in cells)
+        if missing:
+            counts["missing"] = missing
+        result.append({"backend": backend, "shape": shape, "passed": passed, "total": len(cells) + missing,
+                       "percent": _percent(passed, len(cells) + missing), "counts": counts})  # fmt: skip
+    if baseline is not None:
+        before = {(tile["backend"], tile["shape"]): tile for tile in tiles(baseline)}
+        for tile in result:
+            old = before.get((tile["backend"], tile["shape"]))
+            if old is not None and old["total"]:
+                tile["delta"] = round(tile["percent"] - old["percent"], 1)
+                tile["baseline_label"] = baseline.label
     return result
 
 
-def stage_order(records: list[CellRecord]) -> list[str]:
-    """Stage names in pipeline order, merged from every record's sequence."""
-    order: list[str] = []
-    for record in sorted(records, key=lambda r: -len(r.stages)):
-        previous = None
-        for stage in record.stages:
-            if stage.name not in order:
-                order.insert(order.index(previous) + 1 if previous in order else len(order), stage.name)
-            previous = stage.name
-    return order
+def breakdown(view: RunView) -> list[dict]:
+    """Pass rates by modality, then by task, per column: ``[{"group", "value", "cells": {column: (passed, total)}}]``."""
+    rows = []
+    for group, key in (("modality", lambda r: [modality(r)]), ("task", lambda r: r.tasks or [r.task])):
+        table: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+        for record in view.records:
+            for value in key(record):
+                tally = table[value][f"{record.backend}-{record.shape_mode}"]
+                tally[0] += record.status == "pass"
+                tally[1] += 1
+        order = MODALITIES if group == "modality" else sorted(table, key=lambda v: (-sum(t[1] for t in table[v].values()), v))
+        for value in order:
+            if value in table:
+                rows.append({"group": group, "value": value, "cells": {k: tuple(v) for k, v in table[value].items()}})
+    return rows
 
 
 def funnel(view: RunView) -> dict[str, list[dict]]:
-    """Per backend: for each stage, how many cells reached it and how many got past it."""
+    """Per backend: for each stage, how many cells reached it, got past it, and were lost there. The bars are
+    scaled to the largest loss, so a loss of 3 % at one stage shows as plainly as one of 30 %."""
     result = {}
     for backend in BACKENDS:
         records = [r for r in view.records if r.backend == backend]
-        if not records:
+        missing = sum(cell.rsplit("-", 2)[1] == backend for cell in view.missing)
+        if not records and not missing:
             continue
         rows = []
         for name in stage_order(records):
             reached = sum(any(s.name == name for s in r.stages) for r in records)
             passed = sum(any(s.name == name and s.status == "pass" for s in r.stages) for r in records)
-            rows.append({"stage": name, "reached": reached, "passed": passed, "total": len(records)})
+            rows.append({"stage": name, "reached": reached, "passed": passed, "lost": reached - passed,
+                         "total": len(records) + missing})  # fmt: skip
+        if missing:
+            rows.insert(0, {"stage": "(never run)", "reached": len(records) + missing, "passed": len(records),
+                            "lost": missing, "total": len(records) + missing})  # fmt: skip
+        largest = max((row["lost"] for row in rows), default=0) or 1
+        for row in rows:
+            row["scaled"] = round(100.0 * row["lost"] / largest, 1)
         result[backend] = rows
     return result
 
 
-def changes(view: RunView, baseline: RunView | None) -> dict[str, list[dict]]:
-    """Regressions (passed in the baseline, not now) and new passes, against another run."""
-    regressions, new_passes = [], []
+def changes(view: RunView, baseline: RunView | None) -> dict:
+    """Every cell's change against the baseline, by kind (``harness.compare``): empty without a baseline."""
     if baseline is None:
-        return {"regressions": regressions, "new_passes": new_passes}
-    for record in view.records:
-        before = baseline.by_id.get(record.cell_id)
-        if before is None:
-            continue
-        row = {"cell": record.cell_id, "before": f"{before.status} at {before.stage}",
-               "now": f"{record.status} at {record.stage}", "record": record}  # fmt: skip
-        if before.status == "pass" and record.status != "pass":
-            regressions.append(row)
-        elif before.status != "pass" and record.status == "pass":
-            new_passes.append(row)
-    return {"regressions": regressions, "new_passes": new_passes}
+        return {"baseline": None, "kinds": {}, "counts": {}}
+    found = diff(view.by_id, baseline.by_id, view.plan, set(view.by_id) | set(view.missing))
+    kinds = {kind: [change for change in found if change.kind == kind] for kind in CHANGE_KINDS}
+    return {"baseline": baseline, "kinds": kinds, "counts": {kind: len(items) for kind, items in kinds.items()}}
 
 
 def buckets(view: RunView) -> list[dict]:
@@ -257,40 +326,94 @@ def registry_rows(view: RunView, stale: dict | None) -> list[dict]:
 
 
 def load_stale(view: RunView, stale_path: Path | None) -> dict | None:
-    for path in [stale_path, view.directory / "stale.json"]:
-        if path and Path(path).is_file():
-            try:
-                return json.loads(Path(path).read_text())
-            except json.JSONDecodeError:
-                return None
-    return None
+    """The stale check's findings: from ``--stale`` (a file that is not one is an error), else the run's own
+    ``stale.json`` (a broken one is listed with the run's unreadable files, and the rest renders)."""
+    if stale_path is not None:
+        return _stale_file(Path(stale_path))
+    path = view.directory / "stale.json"
+    if not path.is_file():
+        return None
+    try:
+        return _stale_file(path)
+    except ValueError as error:
+        view.corrupt.append(str(error))
+        return None
 
 
-def history(runs_dir: Path | None, current: RunView) -> dict:
-    """Pass rate per backend across the runs in ``runs_dir`` (and this one), and the cells whose status flipped."""
-    runs: list[RunView] = []
-    if runs_dir is not None and Path(runs_dir).is_dir():
-        for child in sorted(Path(runs_dir).iterdir()):
-            if (child / "run.json").is_file() and child.resolve() != current.directory.resolve():
-                try:
-                    runs.append(RunView.load(child))
-                except ValueError:
-                    continue  # a broken old run does not stop the report
-    runs.append(current)
-    runs.sort(key=lambda run: run.metadata.get("started_at") or "")
-    series = {backend: [] for backend in BACKENDS}
-    labels = []
-    for run in runs:
-        labels.append((run.metadata.get("started_at") or run.directory.name)[:16].replace("T", " "))
-        for backend in BACKENDS:
-            cells = [r for r in run.records if r.backend == backend]
-            series[backend].append(100.0 * sum(r.status == "pass" for r in cells) / len(cells) if cells else None)
+def _stale_file(path: Path) -> dict:
+    data = read_json(path)  # names the file and line when it is not JSON
+    entries = data.get("entries")
+    if not isinstance(entries, list) or not all(
+        isinstance(e, dict) and all(isinstance(e.get(key), str) for key in ("list", "model", "scope", "verdict"))
+        for e in entries
+    ):
+        raise CorruptRecordError(f"{path}: not a stale check: 'entries' must be a list of findings, each with list, "
+                                 "model, scope and verdict")  # fmt: skip
+    for entry in entries:
+        if not isinstance(entry.get("evidence", []), list):
+            raise CorruptRecordError(f"{path}: finding {entry['model']}: 'evidence' must be a list")
+    return data
+
+
+# ── History: the nights before this one ──────────────────────────────────────
+
+NIGHTS_FILE = "nights.json"  # written beside the dashboard: the night summaries History was drawn from
+NIGHTS_KEPT = 30
+
+
+def night_summary(view: RunView) -> dict:
+    """What History needs of a run, small enough to keep 30 of: its pass rates, and the cells not passing."""
+    rates = {}
+    for backend in BACKENDS:
+        cells = [r for r in view.records if r.backend == backend]
+        missing = sum(cell.rsplit("-", 2)[1] == backend for cell in view.missing)
+        if cells or missing:
+            rates[backend] = round(100.0 * sum(r.status == "pass" for r in cells) / (len(cells) + missing), 2)
+    not_passing = {r.cell_id: r.status for r in view.records if r.status != "pass"}
+    not_passing.update({cell: "missing" for cell in view.missing})
+    return {"started_at": view.metadata.get("started_at") or "", "label": view.label,
+            "git_sha": view.metadata.get("git_sha"), "versions": view.metadata.get("versions", {}),
+            "rates": rates, "cells": len(view.records) + len(view.missing), "not_passing": not_passing}  # fmt: skip
+
+
+def _earlier_nights(source: Path | None, current: RunView) -> list[dict]:
+    """Night summaries from ``source``: a folder of run folders, or a nights.json written by an earlier report."""
+    if source is None:
+        return []
+    source = Path(source)
+    if source.is_file():
+        data = read_json(source) if source.suffix == ".json" else {}
+        nights = data.get("nights")
+        if not isinstance(nights, list) or not all(isinstance(n, dict) and isinstance(n.get("rates"), dict) for n in nights):
+            raise CorruptRecordError(f"{source}: not a {NIGHTS_FILE} (a 'nights' list of night summaries)")
+        return [n for n in nights if n.get("started_at") != current.metadata.get("started_at")]
+    nights = []
+    for child in sorted(source.iterdir()):
+        if (child / RUN_FILE).is_file() and child.resolve() != current.directory.resolve():
+            view = RunView.load(child)
+            if view.corrupt:  # an old run that cannot be read whole is left out, and said so
+                current.corrupt.extend(f"history: {problem}" for problem in view.corrupt)
+            nights.append(night_summary(view))
+    return nights
+
+
+def history(source: Path | None, current: RunView) -> dict:
+    """Pass rate per backend across the earlier nights (and this one), and the cells whose status flipped."""
+    nights = sorted([*_earlier_nights(source, current), night_summary(current)], key=lambda n: n["started_at"])
+    nights = nights[-NIGHTS_KEPT:]
+    series = {backend: [n["rates"].get(backend) for n in nights] for backend in BACKENDS}
+    series = {backend: values for backend, values in series.items() if any(v is not None for v in values)}
     flips = []
-    if len(runs) > 1:
-        ids = sorted({cell for run in runs for cell in run.by_id})
-        for cell in ids:
-            statuses = [run.by_id[cell].status if cell in run.by_id else None for run in runs]
-            seen = [s for s in statuses if s is not None]
-            if len(set(seen)) > 1:
+    if len(nights) > 1:
+        for cell in sorted({cell for night in nights for cell in night["not_passing"]}):
+            statuses = [night["not_passing"].get(cell, "pass") for night in nights]
+            if len(set(statuses)) > 1:
                 flips.append({"cell": cell, "statuses": statuses})
-    return {"labels": labels, "series": {k: v for k, v in series.items() if any(x is not None for x in v)}, "flips": flips}
+    values = [v for vs in series.values() for v in vs if v is not None]
+    low, high = (min(values), max(values)) if values else (0.0, 100.0)
+    pad = max(0.5, (high - low) * 0.15)  # the axis spans the data: a 0.3-point drop must be visible
+    axis = (max(0.0, math.floor(low - pad)), min(100.0, math.ceil(high + pad)))
+    if axis[0] == axis[1]:
+        axis = (max(0.0, axis[0] - 1), min(100.0, axis[1] + 1))
+    labels = [(n["started_at"] or n["label"])[:16].replace("T", " ") for n in nights]
+    return {"labels": labels, "series": series, "flips": flips, "nights": nights, "axis": axis}

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import html
+import json
+import re
 import shutil
 from pathlib import Path
 from xml.sax.saxutils import quoteattr
@@ -25,7 +28,8 @@ def _environment() -> Environment:
     environment.filters["sci"] = lambda value: "" if value is None else f"{value:.2g}"
     environment.filters["clip"] = lambda text, limit=TRACEBACK_LIMIT: _clip(text, limit)
     environment.filters["first_line"] = lambda text: (text or "").strip().splitlines()[0][:300] if (text or "").strip() else ""
-    environment.globals.update(category=data.category, labels=data.CATEGORY_LABELS)
+    environment.filters["safe_url"] = _safe_url
+    environment.globals.update(category=data.category, labels=data.CATEGORY_LABELS, modality=data.modality)
     return environment
 
 
@@ -49,9 +53,11 @@ def _clip(text: str | None, limit: int) -> str:
 
 
 def write_report(run_dir, baseline=None, history=None, out=None, stale=None) -> Path:
-    """Render the dashboard of ``run_dir`` into ``out`` (default ``run_dir/site``); returns the site folder."""
+    """Render the dashboard of ``run_dir`` into ``out`` (default ``run_dir/site``); returns the site folder.
+
+    A record that cannot be read does not stop the rest: it is left out and named on the overview."""
     view = data.RunView.load(run_dir)
-    if not view.metadata and not view.records:
+    if not view.metadata and not view.records and not view.corrupt:
         raise FileNotFoundError(f"{run_dir} is not a run folder (no run.json, no cells/)")
     base = data.RunView.load(baseline) if baseline else None
     site = Path(out) if out else Path(run_dir) / "site"
@@ -60,34 +66,81 @@ def write_report(run_dir, baseline=None, history=None, out=None, stale=None) -> 
 
     environment = _environment()
     stale_data = data.load_stale(view, Path(stale) if stale else None)
+    trend = data.history(Path(history) if history else None, view)
     context = {
         "run": view,
         "columns": view.columns,
-        "tiles": data.tiles(view),
+        "tiles": data.tiles(view, base),
         "funnel": data.funnel(view),
         "changes": data.changes(view, base),
         "baseline": base,
         "duration": view.duration(),
+        "versions": _versions(view, base),
     }
     buckets = data.buckets(view)
     pages = {
-        "index.html": ("overview.html", {"stale": stale_data, "buckets": buckets[:10]}),
+        "index.html": ("overview.html", {"stale": stale_data, "buckets": buckets[:10], "breakdown": data.breakdown(view)}),
         "matrix.html": ("matrix.html", {"rows": view.classes, "stages": sorted({r.stage for r in view.records if r.stage})}),
+        "changes.html": ("changes.html", {"change_labels": data.CHANGE_LABELS}),
         "failures.html": ("failures.html", {"buckets": buckets}),
         "parity.html": ("parity.html", {"parity": data.parity(view)}),
         "registry.html": ("registry.html", {"rows": data.registry_rows(view, stale_data), "stale": stale_data}),
-        "history.html": ("history.html", {"history": data.history(Path(history) if history else None, view)}),
+        "history.html": ("history.html", {"history": trend}),
     }
     for filename, (template, extra) in pages.items():
         page = environment.get_template(template).render(page=filename, root="", **context, **extra)
-        (site / filename).write_text(page)
+        _write(site / filename, page)
     cell_template = environment.get_template("cell.html")
     for record in view.records:
-        page = cell_template.render(page="cell", root="../", run=view, record=record)
-        (site / "cells" / f"{record.cell_id}.html").write_text(page)
-    (site / "summary.md").write_text(summary_markdown(view, context["tiles"], context["changes"], buckets, stale_data))
-    (site / "junit.xml").write_text(junit_xml(view))
+        page = cell_template.render(page="cell", root="../", run=view, record=record, versions=context["versions"])
+        _write(site / "cells" / f"{record.cell_id}.html", page)
+    _write(site / "summary.md", summary_markdown(view, context["tiles"], context["changes"], buckets, stale_data))
+    _write(site / "junit.xml", junit_xml(view, context["changes"]))
+    _write(site / data.NIGHTS_FILE, json.dumps({"nights": trend["nights"]}, indent=0))
+    if base is not None:  # what the nightly's issue and exit code are made of, for tools
+        kinds = context["changes"]["kinds"]
+        _write(site / "changes.json", json.dumps({
+            "baseline": str(base.directory), "baseline_started_at": base.metadata.get("started_at"),
+            "counts": context["changes"]["counts"],
+            "cells": {kind: [change.as_dict() for change in items] for kind, items in kinds.items() if kind != "unchanged"},
+        }, indent=1))  # fmt: skip
     return site
+
+
+def _write(path: Path, text: str) -> None:
+    # a lone surrogate in a message (bytes a model's tokenizer decoded badly) must not stop the dashboard
+    path.write_text(text, encoding="utf-8", errors="replace")
+
+
+def _versions(view, base) -> list[tuple[str, str | None, str | None]]:
+    """(package, this run's version, the baseline's when it differs): the header shows both sets of an upgrade."""
+    mine = view.metadata.get("versions") or {}
+    theirs = (base.metadata.get("versions") or {}) if base is not None else {}
+    return [(name, version, theirs.get(name) if theirs.get(name) != version else None)
+            for name, version in mine.items() if version]  # fmt: skip
+
+
+def _safe_url(url) -> str | None:
+    """Links from records are shown only when they are web links: a crafted ``javascript:`` URL is text."""
+    return url if isinstance(url, str) and re.match(r"^https?://[^\s\"'<>]+$", url) else None
+
+
+# ── summary.md: Markdown for GitHub's job summary and issues, where text from records must stay text ──
+
+
+def md_text(text) -> str:
+    """Plain text in Markdown: no HTML, no emphasis, links or tables from what a record says."""
+    text = html.escape(str(text), quote=False).replace("\n", " ")
+    return re.sub(r"([\\`*_\[\]{}|!~#])", r"\\\1", text)
+
+
+def md_code(text) -> str:
+    """A code span that no backtick inside ``text`` can close early."""
+    text = str(text).replace("\n", " ").replace("|", "\\|")
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") or longest else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def summary_markdown(view, tiles, changes, buckets, stale) -> str:
@@ -95,52 +148,85 @@ def summary_markdown(view, tiles, changes, buckets, stale) -> str:
     lines = [
         "# export-sweep",
         "",
-        f"{len(view.records)} cells, {len({r.model_class for r in view.records})} classes; "
-        + ", ".join(f"{k} {v}" for k, v in versions.items() if v)
-        + (f"; {_seconds(view.duration())}" if view.duration() else ""),
+        md_text(
+            f"{len(view.records)} cells, {len({r.model_class for r in view.records})} classes; "
+            + ", ".join(f"{k} {v}" for k, v in versions.items() if v)
+            + (f"; {_seconds(view.duration())}" if view.duration() else "")
+        ),
         "",
-        "| backend | shapes | parity passes | % |",
-        "|---|---|---|---|",
     ]
-    lines += [f"| {t['backend']} | {t['shape']} | {t['passed']} / {t['total']} | {t['percent']:.1f} |" for t in tiles]
-    lines += ["", f"## Regressions ({len(changes['regressions'])})", ""]
-    lines += [f"- `{row['cell']}`: {row['before']} -> {row['now']}" for row in changes["regressions"][:50]] or ["none"]
-    lines += ["", f"## New passes ({len(changes['new_passes'])})", ""]
-    lines += [f"- `{row['cell']}`" for row in changes["new_passes"][:50]] or ["none"]
+    base = changes.get("baseline")
+    if base is not None:
+        counts = changes["counts"]
+        lines += [f"## Changes against {md_text(base.label)}", "",
+                  ", ".join(f"{kind} {counts[kind]}" for kind in data.CHANGE_LABELS if counts.get(kind)) or "none", ""]  # fmt: skip
+        for kind in ("regression", "new-failure", "missing", "stage-moved", "drift", "fixed", "vanished"):
+            items = changes["kinds"].get(kind, [])
+            if items:
+                lines += [f"### {kind} ({len(items)})", ""]
+                lines += [f"- {md_code(change.cell_id)}: {md_text(change.detail)}" for change in items[:50]]
+                lines += [f"- ... and {len(items) - 50} more"] if len(items) > 50 else []
+                lines += [""]
+    if view.missing:
+        lines += [f"**{len(view.missing)} planned cells have no record** (missing shards: "
+                  f"{md_text(view.metadata.get('missing_shards') or 'none')}).", ""]  # fmt: skip
+    delta = base is not None
+    lines += ["| backend | shapes | parity passes | % |" + (" change |" if delta else ""),
+              "|---|---|---|---|" + ("---|" if delta else "")]  # fmt: skip
+    for t in tiles:
+        row = f"| {t['backend']} | {t['shape']} | {t['passed']} / {t['total']} | {t['percent']:.1f} |"
+        if delta:
+            row += f" {t['delta']:+.1f} |" if "delta" in t else " |"
+        lines.append(row)
     lines += ["", "## Largest failure buckets", ""]
-    lines += [f"{i}. {b['count']} cells, `{b['signature'][:160]}`" for i, b in enumerate(buckets[:10], 1)] or ["none"]
+    lines += [f"{i}. {b['count']} cells, {md_code(b['signature'][:160])}" for i, b in enumerate(buckets[:10], 1)] or ["none"]
     stale_entries = [e for e in (stale or {}).get("entries", []) if e.get("stale")]
     lines += ["", f"## Stale registry entries ({len(stale_entries)})", ""]
-    lines += [f"- {e['list']} `{e['model']}` [{e['scope']}]: {e['verdict']}" for e in stale_entries] or [
-        "none" if stale else "no stale check in this run"
-    ]
+    lines += [f"- {md_text(e['list'])} {md_code(e['model'])} [{md_text(e['scope'])}]: {md_text(e['verdict'])}"
+              for e in stale_entries] or ["none" if stale else "no stale check in this run"]  # fmt: skip
+    if view.corrupt:
+        lines += ["", f"## Unreadable files ({len(view.corrupt)})", ""]
+        lines += [f"- {md_text(problem)}" for problem in view.corrupt[:50]]
     return "\n".join(lines) + "\n"
 
 
-def junit_xml(view) -> str:
-    failures = sum(r.status in ("fail", "crash", "timeout", "oom") for r in view.records)
-    skipped = sum(r.status in ("skip", "unavailable") for r in view.records)
-    total_time = sum(r.seconds or 0 for r in view.records)
-    lines = [
-        '<?xml version="1.0" encoding="utf-8"?>',
-        f'<testsuite name="export-sweep" tests="{len(view.records)}" failures="{failures}" skipped="{skipped}" '
-        f'time="{total_time:.1f}">',
-    ]
+JUNIT_CLASS = "tests.sweep.test_sweep"  # as pytest names the sweep's items: one identity everywhere
+
+
+def junit_xml(view, changes=None) -> str:
+    """One testcase per cell, named as pytest names it (``test_cell[<cell id>]``). Against a baseline, a cell that
+    failed there too is an expected failure (skipped, type pytest.xfail); a planned cell without a record fails."""
+    kinds = {change.cell_id: change.kind for items in (changes or {}).get("kinds", {}).values() for change in items}
+    cases, failures, skipped = [], 0, 0
     for record in view.records:
-        head = (
-            f"<testcase classname={_attribute(record.model_class)} "
-            f"name={_attribute(f'{record.backend}-{record.shape_mode}')} time=\"{record.seconds or 0:.2f}\""
-        )
+        head = f'<testcase classname="{JUNIT_CLASS}" name={_attribute(f"test_cell[{record.cell_id}]")} time="{record.seconds or 0:.2f}"'
         if record.status == "pass":
-            lines.append(head + "/>")
+            cases.append(head + "/>")
             continue
         message = _attribute(f"{record.status} at {record.stage}: {(record.message or '').strip()[:500]}")
-        kind = "skipped" if record.status in ("skip", "unavailable") else "failure"
-        body = _xml_text(_clip(record.traceback or record.message or "", 20_000)) if kind == "failure" else ""
-        error_type = _attribute(record.error_type or record.status)
-        lines.append(f"{head}><{kind} message={message} type={error_type}>{body}</{kind}></testcase>")
-    lines.append("</testsuite>")
-    return "\n".join(lines) + "\n"
+        if record.status in ("skip", "unavailable"):
+            skipped += 1
+            cases.append(f'{head}><skipped type="pytest.skip" message={message}></skipped></testcase>')
+        elif kinds.get(record.cell_id) in ("stage-moved", "unchanged"):
+            skipped += 1
+            reason = _attribute(f"fails in the baseline too: {record.error_signature or record.stage}")
+            cases.append(f'{head}><skipped type="pytest.xfail" message={reason}></skipped></testcase>')
+        else:
+            failures += 1
+            body = _xml_text(_clip(record.traceback or record.message or "", 20_000))
+            cases.append(f"{head}><failure message={message} type={_attribute(record.error_type or record.status)}>"
+                         f"{body}</failure></testcase>")  # fmt: skip
+    for cell in view.missing:
+        failures += 1
+        cases.append(f'<testcase classname="{JUNIT_CLASS}" name={_attribute(f"test_cell[{cell}]")} time="0">'
+                     '<failure message="missing: planned, never run" type="missing"></failure></testcase>')  # fmt: skip
+    total_time = sum(r.seconds or 0 for r in view.records)
+    return "\n".join([
+        '<?xml version="1.0" encoding="utf-8"?>',
+        f'<testsuite name="export-sweep" tests="{len(cases)}" failures="{failures}" skipped="{skipped}" time="{total_time:.1f}">',
+        *cases,
+        "</testsuite>",
+    ]) + "\n"  # fmt: skip
 
 
 def _xml_safe(text: str) -> str:

@@ -49,7 +49,7 @@ NIGHTLY = [
     "tests/exporters/test_workarounds.py::test_a_model_class_exports_with_its_workaround_and_fails_without[_fix_counts_read_from_data_bounded]",  # BLT, 2 exports of a minute or two
     "tests/exporters/test_workarounds.py::test_a_model_class_exports_with_its_workaround_and_fails_without[_patch_views_as_dynamic_as_their_base]",  # the same
     # the second cut (2026-12-02): the flat tail of half-minute tests
-    "tests/harness/test_nightly.py::test_two_shards_merge_into_one_run_with_a_dashboard",  # 2.0 (the nightly's own shards)
+    "tests/harness/test_nightly.py::test_shards_of_one_plan_cover_the_sweep_and_merge_into_one_run",  # 2.0 (the nightly's own shards)
     "tests/exporters/test_generation.py::test_generated_tokens_equal_eager[LlamaForCausalLM-static-onnx]",  # 0.5 (dynamic stays)
     "tests/exporters/test_parity.py::test_export_matches_eager[ViTForImageClassification-executorch-dynamic]",  # 0.4
     "tests/exporters/test_parity.py::test_export_matches_eager[T5ForConditionalGeneration-onnx-dynamic]",  # 0.4

@@ -90,7 +90,7 @@ def test_shards_merge_into_one_run(tmp_path):
     assert sorted(frame.model_class) == sorted(CLASSES.split(","))
     assert len(json.loads((tmp_path / "merged" / "run.json").read_text())["shards"]) == 2
     again = export_sweep("merge", str(tmp_path / "merged"), *map(str, runs), timeout=60)
-    assert again.returncode == 2 and "merge into an empty folder" in again.stderr
+    assert again.returncode == 2 and "merge into a new or empty folder" in again.stderr
 
 
 def test_pytest_drives_the_sweep_with_one_item_per_cell(tmp_path):
@@ -107,5 +107,43 @@ def test_pytest_drives_the_sweep_with_one_item_per_cell(tmp_path):
         assert f"test_cell[{cell}]" in result.stdout
     assert RunStore(out).cell_ids() == {f"{m}-dynamo-{s}" for m in ("BertModel", "GPT2Model") for s in ("static", "dynamic")}
     assert (out / "site" / "index.html").is_file()
-    workers = {record.worker for record in RunStore(out).records()}
-    assert workers <= {"gw0", "gw1"}
+    records = RunStore(out).records()
+    assert {record.worker for record in records} <= {"gw0", "gw1"}
+    for model in ("BertModel", "GPT2Model"):  # loadgroup, not worksteal: a class is built once, on one worker
+        assert len({record.worker for record in records if record.model_class == model}) == 1
+
+
+def test_the_console_shows_the_sweep_and_the_log_keeps_the_library_noise(tmp_path):
+    out = tmp_path / "run"
+    ran = export_sweep("run", "--models", "BertModel", "--backends", "onnx", "--shapes", "static", "--out", str(out),
+                       "--no-cache", "--no-report", timeout=600)  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    noise = ("torchao", "Failed to load", "_pytree.py", "FutureWarning", "Skipping torchvision")
+    assert not [line for line in ran.stderr.splitlines() if any(word in line for word in noise)], ran.stderr
+    assert "cells: pass 1" in ran.stderr
+    assert "torchao" in (out / "logs" / "sweep.log").read_text(), "the noise is kept, in the run's log"
+    version = export_sweep("--version", timeout=60)
+    assert version.returncode == 0 and version.stdout.startswith("export-sweep ")
+
+
+def test_the_eta_weighs_what_is_left_by_the_baseline_costs():
+    from harness.records import CellRecord
+    from harness.sweep import Progress
+
+    class Sink:
+        def write(self, text):
+            pass
+
+        def flush(self):
+            pass
+
+        def isatty(self):
+            return False
+
+    progress = Progress(3, stream=Sink(), estimates={"A-onnx-static": 1.0, "B-onnx-static": 1.0, "C-onnx-static": 98.0},
+                        pending=["A-onnx-static", "B-onnx-static", "C-onnx-static"])  # fmt: skip
+    progress.add(CellRecord("A", "a", "base", "onnx", "static"))
+    progress.add(CellRecord("B", "b", "base", "onnx", "static"))
+    # two cheap cells took 2 s: the heavy one left is 98 baseline seconds, not one cell's average
+    assert progress.eta(2.0) == 98.0
+    assert Progress(3, stream=Sink()).eta(2.0) is None

@@ -19,3 +19,13 @@ def test_a_list_an_export_cut_short_still_fails():
     expected = {f"hidden_states.{i}": layer for i, layer in enumerate(layers)}
     ok, details, _, _ = compare({"hidden_states.0": layers[0]}, expected, 1e-4, 1e-4)
     assert not ok and "joined" in details["hidden_states.0"] and "shape" in details["hidden_states.0"]["problem"]
+
+
+def test_non_finite_outputs_count_as_matched_where_both_agree_and_are_counted():
+    inf, nan = float("inf"), float("nan")
+    expected = {"scores": torch.tensor([[1.0, -inf, nan, 2.0]])}
+    ok, details, max_abs, _ = compare({"scores": torch.tensor([[1.0, -inf, nan, 2.0]])}, expected, 1e-4, 1e-4)
+    assert ok and max_abs == 0.0  # -inf against -inf is no difference
+    assert (details["scores"]["elements"], details["scores"]["nonfinite"]) == (4, 2)
+    moved = {"scores": torch.tensor([[1.0, nan, -inf, 2.0]])}
+    assert not compare(moved, expected, 1e-4, 1e-4)[0]

@@ -72,8 +72,11 @@ def test_a_record_in_the_wrong_file_is_refused(tmp_path):
 
 
 def test_not_a_run_folder(tmp_path):
-    with pytest.raises(FileNotFoundError, match="not a run folder"):
+    with pytest.raises(FileNotFoundError, match="nothing: no such folder"):
         load_run(tmp_path / "nothing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="not a run folder"):
+        load_run(tmp_path / "empty")
 
 
 def test_error_signatures_bucket_alike_failures_together():

@@ -1,6 +1,8 @@
 """The dashboard in a real headless Chromium (Debian's, driven by Playwright): opened from disk, no console errors,
-the matrix filter narrows rows, a click opens a cell page, a planted regression is listed. Screenshots of the
-overview and the matrix, and the measured filter time on 2,000 cells, go to test-artifacts/."""
+the matrix filter narrows rows, a click opens a cell page, a planted regression is listed on the overview and the
+Changes page, a filtered and sorted matrix survives a reload from its address, headers sort from the keyboard, and
+axe-core finds no serious or critical accessibility violation on any page. Screenshots of the overview and the
+matrix, and the measured filter time on 2,000 cells, go to test-artifacts/."""
 
 import json
 import shutil
@@ -9,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from harness.store import RunStore
 from reports import write_report
 
 from .conftest import synthetic_record, synthetic_run
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+PAGES = ["index.html", "changes.html", "matrix.html", "failures.html", "parity.html", "registry.html", "history.html"]
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
          "--no-first-run", "--disable-sync", "--disable-quic"]  # fmt: skip
 
@@ -106,10 +108,65 @@ def test_matrix_filters_and_opens_a_cell(browser, site):
     assert errors == []
 
 
+def test_the_changes_page_lists_the_regression_first(browser, site):
+    errors = []
+    page = _page(browser, errors)
+    page.goto((site / "changes.html").as_uri())
+    first = page.locator("section.change-kind").first
+    assert first.get_attribute("id") == "regression"
+    assert "Model0007ForCausalLM-onnx-dynamic" in first.inner_text()
+    assert "pass → fail at onnx-translation" in first.inner_text()
+    page.click("a[href='#regression']")
+    assert page.url.endswith("changes.html#regression")
+    assert errors == []
+
+
+def test_a_filtered_sorted_matrix_is_a_link_that_opens_the_same_view(browser, site):
+    errors = []
+    page = _page(browser, errors)
+    page.goto((site / "matrix.html").as_uri())
+    page.select_option("#f-status", "fail")
+    page.locator("th button", has_text="onnx").first.focus()
+    page.keyboard.press("Enter")  # sorting from the keyboard: the header is a button
+    header = page.locator("#matrix thead th").nth(3)
+    assert header.get_attribute("aria-sort") == "ascending"
+    shared = page.url
+    assert "status=fail" in shared and "sort=3-asc" in shared
+    again = _page(browser, errors)
+    again.goto(shared)
+    assert again.locator("#f-status").input_value() == "fail"
+    assert again.locator("#matrix thead th").nth(3).get_attribute("aria-sort") == "ascending"
+    assert again.locator("#matrix tbody tr:not([hidden])").count() == 1
+    assert errors == []
+
+
+def test_the_matrix_fits_a_1400_pixel_window(browser, site):
+    page = _page(browser, [])
+    page.goto((site / "matrix.html").as_uri())
+    width = page.evaluate("document.getElementById('matrix').getBoundingClientRect().right")
+    assert width <= 1400, f"the matrix is {width:.0f} px wide"
+
+
+def test_no_serious_or_critical_accessibility_violation(browser, site):
+    from axe_playwright_python.sync_playwright import Axe
+
+    axe = Axe()
+    page = _page(browser, [])
+    problems = {}
+    cell = next((site / "cells").glob("*.html"))
+    for target in [site / name for name in PAGES] + [cell]:
+        page.goto(target.as_uri())
+        results = axe.run(page)
+        serious = [v for v in results.response["violations"] if v["impact"] in ("serious", "critical")]
+        if serious:
+            problems[target.name] = [(v["id"], v["help"], [n["target"] for n in v["nodes"][:3]]) for v in serious]
+    assert problems == {}
+
+
 def test_every_page_loads_without_console_errors(browser, site):
     errors = []
     page = _page(browser, errors)
-    for name in ["failures.html", "parity.html", "registry.html", "history.html"]:
+    for name in ["changes.html", "failures.html", "parity.html", "registry.html", "history.html"]:
         page.goto((site / name).as_uri())
         assert page.locator("h1").count() == 1
     page.click("text=Matrix")

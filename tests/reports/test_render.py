@@ -5,7 +5,6 @@ import xml.etree.ElementTree as ElementTree
 
 import pytest
 
-from harness.records import CellRecord
 from harness.store import RunStore
 from reports import write_report
 
@@ -37,7 +36,10 @@ def test_junit_has_one_testcase_per_cell(real_run):
     cases = suite.findall("testcase")
     assert len(cases) == 4 and suite.get("failures") == "1"
     failed = [case for case in cases if case.find("failure") is not None]
-    assert [(case.get("classname"), case.get("name")) for case in failed] == [("GPT2Model", "onnx-static")]
+    # named as pytest names the sweep's items, so the two JUnit files of a night speak of the same cells
+    assert [(case.get("classname"), case.get("name")) for case in failed] == [
+        ("tests.sweep.test_sweep", "test_cell[GPT2Model-onnx-static]")
+    ]
 
 
 def test_an_empty_run_renders(tmp_path):
@@ -93,8 +95,13 @@ def test_regressions_and_new_passes_against_a_baseline(tmp_path):
     site = write_report(tmp_path / "after", baseline=tmp_path / "before")
     overview = (site / "index.html").read_text()
     assert "Regressions (1)" in overview and "BrokenModel-onnx-static" in overview
-    assert "New passes (1)" in overview and "FixedModel-onnx-static" in overview
-    assert "- `BrokenModel-onnx-static`: pass at parity -> fail at onnx-translation" in (site / "summary.md").read_text()
+    assert 'href="changes.html#fixed">fixed 1</a>' in overview
+    changes = (site / "changes.html").read_text()
+    fixed = changes[changes.index('id="fixed"'):changes.index('id="new-pass"')]
+    assert "FixedModel-onnx-static" in fixed and "fail at eager → pass" in fixed
+    summary = (site / "summary.md").read_text()
+    assert summary.index("## Changes against") < summary.index("| backend |"), "the changes lead"
+    assert "- `BrokenModel-onnx-static`: pass → fail at onnx-translation" in summary
 
 
 def test_history_charts_pass_rates_and_flips(tmp_path):
@@ -161,3 +168,28 @@ def test_summary_counts_eager_once_per_class(tmp_path):
     summary = (write_report(tmp_path / "run") / "summary.md").read_text()
     assert "| eager | classes | 2 / 3 | 66.6 |" in summary, "the eager failure counts once, not per backend"
     assert "| dynamo | static | 1 / 3 | 33.3 |" in summary
+
+
+def test_a_cell_whose_outputs_hold_inf_or_nan_says_so(tmp_path):
+    store = RunStore(tmp_path)
+    store.create({})
+    record = synthetic_record("MaskedModel")
+    record.parity = {"scores": {"ok": True, "abs": 0.0, "rel": 0.0, "shape": [2, 7], "elements": 14, "nonfinite": 3}}
+    store.write(record)
+    page = (write_report(tmp_path) / "cells" / "MaskedModel-onnx-static.html").read_text()
+    assert "Outputs hold inf or NaN (3 elements)" in page and "<td>14</td>" in page
+
+
+def test_pass_rates_by_modality_and_task(tmp_path):
+    store = RunStore(tmp_path)
+    store.create({})
+    for name, inputs, status in [("TextModel", "text", "pass"), ("VlmModel", "text+image", "fail"),
+                                 ("VitModel", "image", "pass"), ("OtherVlmModel", "text+image", "pass")]:  # fmt: skip
+        record = synthetic_record(name, status=status, stage="parity" if status == "pass" else "torch-export")
+        record.input_set = inputs
+        store.write(record)
+    overview = (write_report(tmp_path) / "index.html").read_text()
+    table = overview[overview.index("Pass rates by modality and task"):overview.index("How far cells got")]
+    multimodal = table[table.index(">multimodal<"):].split("</tr>")[0]
+    assert "50.0%" in multimodal and "1/2" in multimodal
+    assert ">vision<" in table and ">causal-lm<" in table

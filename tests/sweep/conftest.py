@@ -1,54 +1,51 @@
-"""Sweep items: one per cell, parametrized from the --sweep selection; a warm worker per model class."""
+"""Sweep items: one per cell of the session's plan; a warm worker per model class. With a baseline, cells that
+also fail there are xfail, with their bucket as the reason."""
 
 from __future__ import annotations
 
 import pytest
 
 
-def _selection(config):
-    from harness.cli import select_classes
-    from harness.records import SHAPE_MODES
+def _baseline_failures(config) -> dict[str, str]:
+    """Cell id -> why it failed in the baseline, for the baseline's failing cells."""
+    baseline = config.getoption("--sweep-baseline")
+    if not baseline:
+        return {}
+    from harness.store import RunStore
 
-    from exporters.utils import BACKENDS
-
-    class Args:
-        models = config.getoption("--sweep")
-        model_types = tasks = limit = None
-        shard = config.getoption("--shard")
-        shard_weights = config.getoption("--shard-weights")
-
-    backends = [b for b in config.getoption("--backends").split(",") if b]
-    shapes = [s for s in config.getoption("--shapes").split(",") if s]
-    for value, known in [(backends, BACKENDS), (shapes, SHAPE_MODES)]:
-        unknown = [v for v in value if v not in known]
-        if unknown:
-            raise pytest.UsageError(f"unknown {unknown[0]!r}: choose from {', '.join(known)}")
-    try:
-        classes = select_classes(Args)
-    except LookupError as error:
-        raise pytest.UsageError(str(error)) from None
-    return classes, backends, shapes
+    failures = {}
+    for record in RunStore(baseline).records(errors=[]):
+        if record.status != "pass":
+            failures[record.cell_id] = f"fails in the baseline too: {record.error_signature or f'{record.status} at {record.stage}'}"
+    return failures
 
 
 def pytest_generate_tests(metafunc):
-    if "stale_entry" in metafunc.fixturenames and metafunc.config.getoption("--stale"):
+    config = metafunc.config
+    if "stale_entry" in metafunc.fixturenames and config.getoption("--stale"):
         from registry import Registry
 
-        entries = Registry.load(metafunc.config.getoption("--registry")).entries
+        entries = Registry.load(config.getoption("--registry")).entries
         ids = [f"{e.list}-{e.model}-{e.scope}" for e in entries]
         metafunc.parametrize("stale_entry", [pytest.param(e, marks=pytest.mark.xdist_group(e.model)) for e in entries], ids=ids)
         return
-    if "sweep_cell" not in metafunc.fixturenames or not metafunc.config.getoption("--sweep"):
+    if "sweep_cell" not in metafunc.fixturenames or not config.getoption("--sweep"):
         return
-    from harness.sweep import cells_of
+    from harness.cells import Cell
+    from harness.models import all_model_classes
 
-    classes, backends, shapes = _selection(metafunc.config)
-    cells = [cell for model in classes for cell in cells_of(model, backends, shapes)]
-    metafunc.parametrize(
-        "sweep_cell",
-        [pytest.param(cell, marks=pytest.mark.xdist_group(cell.model.name)) for cell in cells],
-        ids=[cell.id for cell in cells],
-    )
+    plan, shard = config.sweep_plan, config.sweep_shard
+    known = all_model_classes()
+    failures = _baseline_failures(config)
+    params = []
+    for name in plan.class_names(shard):
+        for cell_id in plan.classes[name]["cells"]:
+            backend, shape = cell_id.rsplit("-", 2)[1:]
+            marks = []
+            if cell_id in failures:  # a failure known last night is not news; a pass is (XPASS)
+                marks.append(pytest.mark.xfail(reason=failures[cell_id], strict=False))
+            params.append(pytest.param(Cell(known[name], backend, shape), marks=marks, id=cell_id))
+    metafunc.parametrize("sweep_cell", params)
 
 
 class SweepSession:
@@ -60,16 +57,18 @@ class SweepSession:
         from harness.workers import WorkerOptions, warm_imports
         from registry import Registry
 
-        backends = config.getoption("--backends").split(",")
-        warm_imports(backends)
+        plan = getattr(config, "sweep_plan", None)
+        warm_imports(plan.backends if plan is not None else config.getoption("--backends").split(","))
         self.store = RunStore(config.sweep_run_dir)
         self.done = self.store.cell_ids() if config.getoption("--sweep-resume") else set()
         self.registry = Registry.load(config.getoption("--registry"))
-        self.cache = None if config.getoption("--sweep-no-cache") else ResultCache(None, self.registry)
+        disabled = tuple(name.strip() for name in config.getoption("--disable-workarounds").split(",") if name.strip())
+        cached = not config.getoption("--sweep-no-cache") and not disabled
+        self.cache = ResultCache(None, self.registry) if cached else None
         worker_id = getattr(config, "workerinput", {}).get("workerid", "main")
         self.options = WorkerOptions(
             timeout=config.getoption("--sweep-timeout"), memory_cap_mb=config.getoption("--sweep-memory-cap"),
-            threads=1, log_dir=self.store.directory / "logs",
+            threads=1, log_dir=self.store.directory / "logs", disabled_workarounds=disabled,
         )  # fmt: skip
         self.name = worker_id
         self.worker = None
