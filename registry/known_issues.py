@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import re
 import tomllib
+import unicodedata
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from exporters.utils import BACKENDS
+from harness.store import write_text_atomic
 
 LISTS = ("EXPORT_SKIPS", "ONNX_DISABLE_OPTIMIZE")
 SHAPES = ("static", "dynamic", "generate")
@@ -28,6 +30,8 @@ DEFAULT_PATH = Path(__file__).with_name("known_issues.toml")
 _URL = re.compile(r"^https://github\.com/[\w.-]+/[\w.-]+/(issues|pull|discussions)/\d+(#[\w-]+)?$")
 _REQUIREMENT = re.compile(r"^([A-Za-z][\w.-]*)\s*(==|!=|>=|<=|>|<|~=)\s*([\w.+-]+)$")
 _HEADER = re.compile(r"^\s*\[\[\s*([A-Za-z_]+)\s*\]\]\s*(#.*)?$")
+# What a TOML basic string needs escaped: the quote, the backslash, the control characters (tab too, for one rule)
+_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", **{chr(c): f"\\u{c:04X}" for c in [*range(0x20), 0x7F]}}
 
 
 class RegistryError(ValueError):
@@ -85,10 +89,16 @@ class Registry:
         """Parse and check the shape of every entry (class existence is ``check``'s job: it needs transformers)."""
         path = Path(path) if path else DEFAULT_PATH
         try:
-            text = path.read_text()
+            data = path.read_bytes()
         except OSError as error:
             raise RegistryError(f"{path}: cannot read the registry ({error})") from None
-        return cls.parse(path, text)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            line = data[: error.start].count(b"\n") + 1
+            raise RegistryError(f"{path}:{line}: not UTF-8 (byte 0x{data[error.start]:02x}): save the registry as "
+                                "UTF-8, as TOML requires") from None  # fmt: skip
+        return cls.parse(path, text.replace("\r\n", "\n").replace("\r", "\n"))  # newlines as read_text gives them
 
     @classmethod
     def parse(cls, path: Path, text: str) -> Registry:
@@ -96,18 +106,19 @@ class Registry:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as error:
             raise RegistryError(f"{path}: not valid TOML: {error}") from None
-        headers = [(number, match.group(1)) for number, line in enumerate(text.splitlines(), 1) if (match := _HEADER.match(line))]
+        lines = _lines(text)
+        headers = [(number, match.group(1)) for number, line in enumerate(lines, 1) if (match := _HEADER.match(line))]
         unknown = [(number, name) for number, name in headers if name not in LISTS]
-        if unknown or set(data) - set(LISTS):
-            number, name = unknown[0] if unknown else (1, sorted(set(data) - set(LISTS))[0])
+        others = sorted(set(data) - set(LISTS))
+        if unknown or others:
+            number, name = unknown[0] if unknown else ((_mention(lines, others[0], set()) or (1,))[0], others[0])
             raise RegistryError(f"{path}:{number}: unknown list {name!r}: expected one of {', '.join(LISTS)}")
-        lines = {name: [number for number, header in headers if header == name] for name in LISTS}
         entries, problems = [], []
         for name in LISTS:
             tables = data.get(name, [])
-            if not isinstance(tables, list):
-                raise RegistryError(f"{path}: {name} must be written as [[{name}]] tables")
-            for table, line in zip(tables, lines[name]):
+            numbers = [number for number, header in headers if header == name]
+            _refuse_other_shapes(path, lines, name, tables, numbers)
+            for table, line in zip(tables, numbers):
                 entry, found = _entry(path, name, table, line)
                 problems.extend(found)
                 if entry is not None:
@@ -171,14 +182,22 @@ class Registry:
             problems = [p for p in candidate.check(known_classes) if p.entry == entry.label()]
             if problems:
                 raise RegistryError("\n".join(str(problem) for problem in problems))
-        self.path.write_text(text)
+        self.save(text)
         self.text, self.entries = text, candidate.entries
         return next(e for e in candidate.entries if e.list == entry.list and e.model == entry.model and e.scope == entry.scope)
+
+    def save(self, text: str) -> None:
+        """Replace the file with ``text`` atomically: when the write fails (a full disk), the file stays as it was."""
+        try:
+            write_text_atomic(self.path.resolve(), text)  # resolved: through a symlink, as an edit in place would
+        except OSError as error:
+            raise RegistryError(f"{self.path}: cannot write the registry ({error.strerror or error}); "
+                                "it is left as it was") from None  # fmt: skip
 
     def without(self, remove: list[Entry]) -> str:
         """The file's text without these entries: each one's block, from its header to the next, goes; comments
         directly above it that belong to it go too; every other line stays as it was."""
-        lines = self.text.splitlines(keepends=True)
+        lines = _lines(self.text)
         headers = sorted(entry.line for entry in self.entries)
         doomed: set[int] = set()
         for entry in remove:
@@ -199,11 +218,67 @@ class Registry:
 
 
 def _toml_string(value: str) -> str:
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ") + '"'
+    """A TOML basic string. A control character is escaped, not written as it is: the file stays valid TOML, so the
+    check of the entry can refuse the character by its field instead of calling the whole file broken."""
+    return '"' + "".join(_TOML_ESCAPES.get(character, character) for character in value) + '"'
+
+
+def _lines(text: str) -> list[str]:
+    """The lines of a TOML text, each with its newline. Only "\\n" ends a TOML line: ``str.splitlines`` also ends one
+    at U+0085 or U+2028, which a comment may hold, and every line number after it would be wrong."""
+    lines = [line + "\n" for line in text.split("\n")]
+    lines[-1] = lines[-1][:-1]
+    return lines if lines[-1] else lines[:-1]
+
+
+def _mention(lines: list[str], name: str, headers: set[int]) -> tuple[int, str] | None:
+    """The first line, other than the ``[[name]]`` header lines, that writes ``name`` as a key or a table, and how."""
+    pattern = re.compile(rf"""^\s*(\[\[|\[)?\s*(["']?){re.escape(name)}\2\s*(\]|=|\.)""")
+    for number, line in enumerate(lines, 1):
+        if number not in headers and (match := pattern.match(line)):
+            bracket, _, after = match.groups()
+            if after == ".":
+                return number, "with dotted keys"
+            return number, {"[[": "with a quoted header", "[": "as a single [table]"}.get(bracket, "as an inline array")
+    return None
+
+
+def _refuse_other_shapes(path: Path, lines: list[str], name: str, value, headers: list[int]) -> None:
+    """Refuse a list written other than as ``[[name]]`` tables, each header alone on its line (an inline array, a
+    single table, dotted keys, a quoted header): its entries would have no line number, or be dropped unseen."""
+    mention = _mention(lines, name, set(headers))
+    tables = isinstance(value, list) and all(isinstance(table, dict) for table in value)
+    if tables and len(value) == len(headers) and (mention is None or not value):
+        return  # as [[name]] tables, or an empty list: nothing unseen
+    if mention is None:  # more header lines than tables: one sits where TOML does not read a header
+        count = len(value) if tables else 0
+        mention = (headers[min(count, len(headers) - 1)] if headers else 1,
+                   f"with {count} entries for {len(headers)} [[{name}]] header lines")  # fmt: skip
+    line, shape = mention
+    raise RegistryError(f"{path}:{line}: {name} is written {shape}: write each entry as a [[{name}]] table, its "
+                        "header alone on its line, so that every entry is read and has a line number")  # fmt: skip
+
+
+def _unfit_character(value: str) -> str | None:
+    """The first character a one-line text field must not hold, described; None when there is none."""
+    for character in value:
+        category = unicodedata.category(character)
+        if category == "Cc":
+            return f"the control character U+{ord(character):04X}"
+        if category in ("Zl", "Zp"):
+            return f"the line separator U+{ord(character):04X}"
+        if category == "Cs":
+            return f"U+{ord(character):04X}, which is not a character (bytes that are not UTF-8?)"
+    return None
+
+
+def _printable(value) -> str:
+    """``value`` as text safe to print: a control character in a message would act on the terminal."""
+    return "".join(character if character.isprintable() else f"\\u{ord(character):04x}" for character in str(value))
 
 
 def _entry(path: Path, name: str, table: dict, line: int) -> tuple[Entry | None, list[Problem]]:
-    label = f"{name} {table.get('model', '?')} [{table.get('scope', '?')}]"
+    label = f"{name} {_printable(table.get('model', '?'))} [{_printable(table.get('scope', '?'))}]"
     problems = []
 
     def problem(message):
@@ -216,6 +291,10 @@ def _entry(path: Path, name: str, table: dict, line: int) -> tuple[Entry | None,
         value = table.get(key)
         if not isinstance(value, str) or not value.strip():
             problem(f"{key} is missing or empty")
+    for key in FIELDS:
+        value = table.get(key)
+        if isinstance(value, str) and (character := _unfit_character(value)):
+            problem(f"{key} contains {character}: every field is plain one-line text")
     scope = table.get("scope")
     allowed = ONNX_SCOPES if name == "ONNX_DISABLE_OPTIMIZE" else SCOPES
     if isinstance(scope, str) and scope and scope not in allowed:

@@ -5,9 +5,10 @@ Four checks, in order of weight:
 1. vanished: the class no longer exists in the installed transformers;
 2. passes now: the cells the entry governs, re-run without it (no skip; the optimizer on), pass with parity;
 3. version reached: the installed versions satisfy the entry's ``fixed_when``;
-4. upstream closed: its GitHub issue or pull request is closed or merged (unknown when offline).
+4. upstream closed: its GitHub issue is closed as done, or its pull request merged (unknown when offline).
 
-An entry none of them flags is ``still needed``.
+An entry none of them flags is ``still needed``; one whose issue was closed without a fix (not planned, a
+duplicate, a pull request not merged) is too, with that verdict.
 """
 
 from __future__ import annotations
@@ -18,8 +19,12 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .github import GitHubClient, is_closed
+from harness.store import write_text_atomic
+
+from .github import GitHubClient, is_closed, is_fixed
 from .known_issues import Entry, Registry, version_reached
+
+WITHOUT_A_FIX = "upstream closed without a fix"
 
 
 @dataclass
@@ -76,16 +81,20 @@ def check_entries(
             finding.verdict = "passes now"
         elif version_reached(entry, versions):
             finding.verdict = "version reached"
-        elif is_closed(finding.upstream):
+        elif is_fixed(finding.upstream):
             finding.verdict = f"upstream {finding.upstream}"
+        elif is_closed(finding.upstream):  # not planned, a duplicate, not merged: no fix to wait for there
+            finding.verdict = f"{WITHOUT_A_FIX} {finding.upstream.removeprefix('closed ')}"
         elif finding.upstream.startswith("unknown") and finding.passes_now is None:
             finding.verdict = f"unknown: {finding.upstream}"
-        finding.stale = finding.verdict not in ("still needed",) and not finding.verdict.startswith("unknown")
+        finding.stale = finding.verdict != "still needed" and not finding.verdict.startswith(("unknown", WITHOUT_A_FIX))
     return list(findings.values())
 
 
 def rerun_governed_cells(registry: Registry, out: Path, jobs: int, timeout: float, shapes=("static", "dynamic")):
     """A ``rerun`` for ``check_entries``: every cell an entry governs, run without any registry entry."""
+    if jobs < 1:  # a guard: with no worker the sweep would wait for ever
+        raise ValueError(f"jobs must be 1 or more, not {jobs}")
     from harness.models import all_model_classes
     from harness.store import RunStore
     from harness.sweep import Plan, Progress, run_sweep
@@ -156,12 +165,12 @@ def run_stale(args) -> int:
         "entries": [finding.as_dict() for finding in findings],
     }
     json_path = Path(args.json) if args.json else out / "stale.json"
-    json_path.write_text(json.dumps(report, indent=1))
+    write_text_atomic(json_path, json.dumps(report, indent=1))
     print(f"findings: {json_path}")
     if args.fix:
         passing = [f.entry for f in findings if f.verdict == "passes now"]
         if passing:
-            registry.path.write_text(registry.without(passing))
+            registry.save(registry.without(passing))
             print(f"{registry.path}: removed {len(passing)} entries that pass now: "
                   + ", ".join(entry.label() for entry in passing))  # fmt: skip
         else:

@@ -73,10 +73,11 @@ def test_rate_limit_is_reported_and_respected(server):
     assert FakeGitHub.seen_authorization == []
 
 
-def test_token_is_sent_when_set(server):
+def test_token_is_not_sent_over_plain_http(server):
+    # over https it is: tests/reliability/test_github_faults.py serves the API over TLS
     FakeGitHub.seen_authorization.clear()
-    GitHubClient(api=server, token="secret").state("https://github.com/o/r/issues/1")
-    assert FakeGitHub.seen_authorization == ["Bearer secret"]
+    assert GitHubClient(api=server, token="secret").state("https://github.com/o/r/issues/1")["state"] == "open"
+    assert FakeGitHub.seen_authorization == [None]
 
 
 def test_answers_are_cached_with_a_timestamp(server, tmp_path):
