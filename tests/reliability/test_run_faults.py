@@ -104,3 +104,34 @@ def test_a_sweep_killed_with_minus_9_takes_its_worker_with_it(tmp_path):
         for pid in workers:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_worker_deep_in_a_long_stage_dies_with_its_parent(tmp_path):
+    """The worker says nothing to its parent while one stage runs (a to_edge of minutes): the kernel must end it."""
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "from harness.workers import die_with_parent\n"
+        "parent = os.getpid()\n"
+        "child = os.fork()\n"
+        "if child == 0:\n"
+        "    die_with_parent(parent)\n"
+        "    time.sleep(120)  # a long stage: no message to the parent, no pipe to break\n"
+        "    os._exit(0)\n"
+        "print(child, flush=True)\n"
+        "time.sleep(120)\n"
+    )  # fmt: skip
+    parent = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    try:
+        time.sleep(0.5)
+        assert _alive(child)
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and _alive(child):
+            time.sleep(0.05)
+        assert not _alive(child), "the worker outlived its parent"
+    finally:
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)
