@@ -10,7 +10,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from exporters.utils import BACKENDS
+from exporters.backends import BACKENDS
 
 from .records import SHAPE_MODES
 

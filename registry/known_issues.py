@@ -16,7 +16,7 @@ import tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from exporters.utils import BACKENDS
+from exporters.backends import BACKENDS
 
 LISTS = ("EXPORT_SKIPS", "ONNX_DISABLE_OPTIMIZE")
 SHAPES = ("static", "dynamic", "generate")

@@ -11,7 +11,7 @@ from pathlib import Path
 from harness.records import SHAPE_MODES, SHARED_STAGES, CellRecord, error_signature
 from harness.store import RunStore
 
-from exporters.utils import BACKENDS
+from exporters.backends import BACKENDS
 
 # Where a workaround for a failure at this stage naturally goes (the exporters' registries, or the harness tables).
 WORKAROUND_PLACE = {

@@ -9,7 +9,7 @@ def _selection(config):
     from harness.cli import select_classes
     from harness.records import SHAPE_MODES
 
-    from exporters.utils import BACKENDS
+    from exporters.backends import BACKENDS
 
     class Args:
         models = config.getoption("--sweep")
