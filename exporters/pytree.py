@@ -152,6 +152,7 @@ def register_pytree_nodes(model: torch.nn.Module | None = None) -> None:
             if value.__module__ == module.__name__ and value.__name__.endswith("Cache"):
                 _register(value)
 
+
 def is_flattened_here(cls: type) -> bool:
     """Whether ``cls`` flattens by this module's functions: its pytree context is the JSON skeleton of its state."""
     node = _pytree.SUPPORTED_NODES.get(cls)

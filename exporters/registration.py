@@ -83,7 +83,6 @@ def register_patch(backend: str, *paths: str, reports: bool = False):
     return decorator
 
 
-
 def _place(function: Callable) -> str:
     code = getattr(inspect.unwrap(function), "__code__", None)
     return f"{code.co_filename}:{code.co_firstlineno}" if code else getattr(function, "__module__", "?")
@@ -231,7 +230,6 @@ def _install(patch: Patch, path: str, fired: set[str]) -> Callable[[], None]:
     return restore
 
 
-
 # ── FX fixes ──────────────────────────────────────────────────────────────────
 
 FX_NODE_FIXES: dict[str, list[Callable]] = {backend: [] for backend in BACKENDS}
@@ -285,7 +283,6 @@ def apply_fx_program_fixes(backend: str, exported_program, applied: list[str] | 
     if applied is not None:
         applied.extend(name for name in changed if name not in applied)
     return changed
-
 
 
 # ── ONNX translations and IR fixes, ExecuTorch backends ───────────────────────

@@ -95,7 +95,6 @@ def contiguous_copy(graph, source):
     return copy
 
 
-
 def without_autograd_for_scans(exported_program):
     """`no_grad` around lowering a program that holds a `scan`: with autograd on, torch decomposes a scan to its
     training form, which returns the sizes it saves for backward among its outputs, and the lowering fails

@@ -58,7 +58,6 @@ def test_qwen4_indexer_by_masks_keeps_the_blocks_the_loop_keeps():
     token ids, so that no query's scores tie."""
     import copy
 
-
     tiny = built_by_the_sweep("Qwen4ExpTextModel").model
     config = copy.deepcopy(tiny.config)
     config.indexer_n_heads = 8
