@@ -83,33 +83,6 @@ def register_patch(backend: str, *paths: str, reports: bool = False):
     return decorator
 
 
-def _place(function: Callable) -> str:
-    code = getattr(inspect.unwrap(function), "__code__", None)
-    return f"{code.co_filename}:{code.co_firstlineno}" if code else getattr(function, "__module__", "?")
-
-
-def registered_functions(backend: str) -> list[Callable]:
-    """Every function registered for ``backend`` right now, of every kind."""
-    functions = [patch.factory for patch in PATCHES[backend]] + FX_PROGRAM_FIXES[backend] + FX_NODE_FIXES[backend]
-    if backend == "onnx":
-        functions += [*ONNX_TRANSLATIONS.values(), *ONNX_IR_FIXES]
-    if backend == "executorch":
-        functions += list(EXECUTORCH_BACKENDS.values())
-    return functions
-
-
-def refuse_duplicate(backend: str, function: Callable) -> None:
-    """A workaround's name is its key (``applied``, ``disabled_workarounds``): one name, one workaround per backend."""
-    for other in registered_functions(backend):
-        if other.__name__ == function.__name__ and other is not function:
-            raise ValueError(
-                f"{backend} workaround {function.__name__} is registered twice: at {_place(other)} and at "
-                f"{_place(function)}; rename one"
-            )
-        if other is function and function not in ONNX_TRANSLATIONS.values():
-            raise ValueError(f"{backend} workaround {function.__name__} ({_place(function)}) is registered twice")
-
-
 def resolve_path(path: str) -> tuple[Any, str]:
     """Import the longest module prefix of ``path`` and walk the rest: returns ``(owner, attribute)``."""
     parts = path.split(".")
@@ -321,3 +294,32 @@ def register_executorch_backend(name: str):
 
     return decorator
 
+
+# ── One name, one workaround ──────────────────────────────────────────────────
+
+
+def _place(function: Callable) -> str:
+    code = getattr(inspect.unwrap(function), "__code__", None)
+    return f"{code.co_filename}:{code.co_firstlineno}" if code else getattr(function, "__module__", "?")
+
+
+def registered_functions(backend: str) -> list[Callable]:
+    """Every function registered for ``backend`` right now, of every kind."""
+    functions = [patch.factory for patch in PATCHES[backend]] + FX_PROGRAM_FIXES[backend] + FX_NODE_FIXES[backend]
+    if backend == "onnx":
+        functions += [*ONNX_TRANSLATIONS.values(), *ONNX_IR_FIXES]
+    if backend == "executorch":
+        functions += list(EXECUTORCH_BACKENDS.values())
+    return functions
+
+
+def refuse_duplicate(backend: str, function: Callable) -> None:
+    """A workaround's name is its key (``applied``, ``disabled_workarounds``): one name, one workaround per backend."""
+    for other in registered_functions(backend):
+        if other.__name__ == function.__name__ and other is not function:
+            raise ValueError(
+                f"{backend} workaround {function.__name__} is registered twice: at {_place(other)} and at "
+                f"{_place(function)}; rename one"
+            )
+        if other is function and function not in ONNX_TRANSLATIONS.values():
+            raise ValueError(f"{backend} workaround {function.__name__} ({_place(function)}) is registered twice")

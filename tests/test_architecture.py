@@ -9,6 +9,8 @@ modules' names would be a loop.
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -169,3 +171,18 @@ def test_one_grep_lists_every_workaround_of_a_backend_and_nothing_else(backend):
                      for name in WORKAROUND.findall(path.read_text()))  # fmt: skip
     listed = sorted(entry.split(":")[0] for entries in workarounds(backend).values() for entry in entries)
     assert grepped == listed
+
+
+def _modules_imported_by(probe: str) -> set[str]:
+    ran = subprocess.run([sys.executable, "-c", f"import sys\n{probe}\nprint(' '.join(sorted(sys.modules)))"],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    return set(ran.stdout.split())
+
+
+def test_reading_the_backends_imports_no_torch_and_a_backend_imports_only_what_it_traces_through():
+    assert "torch" not in _modules_imported_by("from exporters.backends import BACKENDS\nimport exporters")
+    onnx = _modules_imported_by("import exporters\nexporters.OnnxExporter")
+    assert {"exporters.onnx", "exporters.dynamo"} <= onnx and "exporters.executorch" not in onnx
+    dynamo = _modules_imported_by("import exporters.dynamo")
+    assert not {"exporters.onnx", "exporters.executorch"} & dynamo
