@@ -115,7 +115,7 @@ def _plan(config):
     from harness.cli import select_plan
     from harness.records import SHAPE_MODES
 
-    from exporters.utils import BACKENDS
+    from exporters.backends import BACKENDS
 
     backends = [b for b in config.getoption("--backends").split(",") if b]
     shapes = [s for s in config.getoption("--shapes").split(",") if s]

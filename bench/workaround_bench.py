@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import exporters  # noqa: E402
-from exporters.utils import disabled_workarounds  # noqa: E402
+from exporters.workarounds import disabled_workarounds  # noqa: E402
 from harness.cells import ClassContext, export_options  # noqa: E402
 from harness.models import select  # noqa: E402
 

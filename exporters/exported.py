@@ -1,7 +1,9 @@
 """An exported artifact: call it like the model, save it, load it back.
 
 ``exported(**inputs)`` runs the artifact in its own runtime and returns ``{output name: tensor}``, named and ordered
-like the eager model's outputs flattened with :func:`exporters.utils.named_leaves`, so parity is one comparison.
+like the eager model's outputs flattened with :func:`exporters.leaves.named_leaves`, so parity is one comparison.
+Each backend's artifact (its runtime) subclasses ``Exported`` in ``exporters/<backend>/runtime.py``;
+``exporters.load`` (:mod:`exporters.backends`) reads one back.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from importlib import metadata as package_metadata
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .utils import check_backend, constant_value, named_leaves
+from .leaves import constant_value, named_leaves
 
 METADATA_FILE = "export.json"
 VERSIONED_PACKAGES = ("torch", "transformers", "onnx", "onnxscript", "onnxruntime", "executorch")
@@ -73,7 +75,7 @@ class Exported:
                     )
             else:
                 traced[name] = value
-        from .exporter_dynamo import object_state_difference  # which imports this module
+        from .pytree import object_state_difference  # imports torch, which reading package_versions must not
 
         for name, baked in self.metadata.get("object_states", {}).items():
             difference = object_state_difference(traced[name], baked) if name in traced else None
@@ -119,7 +121,8 @@ class Exported:
         raise NotImplementedError
 
     @classmethod
-    def _load(cls, directory: Path, metadata: dict) -> Exported:
+    def load_saved(cls, directory: Path, metadata: dict) -> Exported:
+        """The artifact saved in ``directory``, its metadata read already (``exporters.load`` reads it)."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -143,23 +146,3 @@ def build_metadata(backend: str, model, traced, config, log) -> dict:
         "versions": package_versions(),
     }
 
-
-def load(directory: str | Path) -> Exported:
-    """Load an artifact written by ``Exported.save``; the backend is read from its metadata."""
-    directory = Path(directory)
-    path = directory / METADATA_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{directory} holds no {METADATA_FILE}: not a saved export")
-    try:
-        metadata = json.loads(path.read_text())
-        backend = check_backend(metadata["backend"])
-    except (json.JSONDecodeError, KeyError, ValueError) as error:
-        raise ValueError(f"{path}: unreadable export metadata ({error})") from None
-    from . import exporter_dynamo, exporter_executorch, exporter_onnx
-
-    artifact_class = {
-        "dynamo": exporter_dynamo.DynamoExported,
-        "onnx": exporter_onnx.OnnxExported,
-        "executorch": exporter_executorch.ExecutorchExported,
-    }[backend]
-    return artifact_class._load(directory, metadata)

@@ -23,10 +23,11 @@ from typing import Any
 
 import torch
 
-from . import exporter_for
-from .exporter_dynamo import auto_dynamic_shapes, register_pytree_nodes
+from .backends import exporter_for
+from .dynamo.exporter import auto_dynamic_shapes
 from .exported import Exported
-from .utils import named_leaves
+from .leaves import named_leaves
+from .pytree import register_pytree_nodes
 
 CACHE_KINDS = ("dynamic", "static")
 CACHE = "past_key_values"

@@ -351,7 +351,7 @@ def run_cell(
     ``on_stage(name, ended=())`` is told before each stage starts, and within the export, as each exporter stage
     starts or ends, with the exporter stages ended so far."""
     import exporters
-    from exporters.utils import watching_stages
+    from exporters.stages import watching_stages
 
     on_stage = on_stage or (lambda name, ended=(): None)
     context.prepare(on_stage)
@@ -514,7 +514,7 @@ def varying_axes(first: dict, second: dict) -> dict | None:
 def specialized_axes(program_shapes: dict[str, list], first: dict, second: dict) -> list[str]:
     """The input axes the export fixed to a number although ``second`` gives them another size (a guard in the
     model specialised them), as readable ``name axis 1 = 7 (second set: 9)``."""
-    from exporters.utils import named_leaves
+    from exporters.leaves import named_leaves
 
     first, second = named_leaves(first), named_leaves(second)
     fixed = []

@@ -16,7 +16,7 @@ import tempfile
 from datetime import datetime
 from pathlib import Path
 
-from exporters.utils import BACKENDS
+from exporters.backends import BACKENDS
 
 from .compare import CHANGE_KINDS, default_fail_on, diff, expected_cells, failing
 from .records import SHAPE_MODES
@@ -391,7 +391,7 @@ def _cache_salt(args) -> str:
 
 
 def check_workaround_names(names: list[str]) -> None:
-    from exporters.utils import disabled_workarounds
+    from exporters.workarounds import disabled_workarounds
 
     try:
         with disabled_workarounds(*names):

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exporters.utils import BACKENDS
+from exporters.backends import BACKENDS
 
 from .models import ModelClass, shard
 from .records import SHAPE_MODES

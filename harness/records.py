@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field, fields
 
-from exporters.utils import BACKENDS
+from exporters.backends import BACKENDS
 
 SHAPE_MODES = ("static", "dynamic", "generate")
 STATUSES = ("pass", "fail", "skip", "timeout", "crash", "oom", "unavailable")

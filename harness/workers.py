@@ -41,7 +41,7 @@ def warm_imports(backends) -> None:
     import torch  # noqa: F401
     import transformers  # noqa: F401
 
-    import exporters.exporter_dynamo  # noqa: F401
+    import exporters.dynamo  # noqa: F401
 
     from . import inputs, tiny  # noqa: F401  (children must not read harness code that changed mid-run)
 
@@ -50,16 +50,16 @@ def warm_imports(backends) -> None:
         import onnxruntime  # noqa: F401
         import onnxscript  # noqa: F401
 
-        import exporters.exporter_onnx  # noqa: F401
+        import exporters.onnx  # noqa: F401
     if "executorch" in backends:
         import executorch.exir  # noqa: F401
         import executorch.runtime  # noqa: F401
         from executorch.backends.xnnpack.partition import xnnpack_partitioner  # noqa: F401
 
-        from exporters.exporter_executorch import warm_up_xnnpack
+        from exporters.executorch.backends import warm_up_xnnpack
 
         warm_up_xnnpack()
-    from exporters.utils import import_patch_targets
+    from exporters.workarounds import import_patch_targets
 
     import_patch_targets()  # of the exporters imported above
 
@@ -310,7 +310,7 @@ class ClassWorker:
         import torch
 
         torch.set_num_threads(self.options.threads)
-        from exporters.utils import disabled_workarounds
+        from exporters.workarounds import disabled_workarounds
 
         context = ClassContext(self.model_class)
         with disabled_workarounds(*self.options.disabled_workarounds):

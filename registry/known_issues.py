@@ -17,7 +17,7 @@ import unicodedata
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from exporters.utils import BACKENDS
+from exporters.backends import BACKENDS
 from harness.store import write_text_atomic
 
 LISTS = ("EXPORT_SKIPS", "ONNX_DISABLE_OPTIMIZE")

@@ -12,7 +12,7 @@ from harness.plan import PlanError, SweepPlan, plan_of_run
 from harness.records import SHAPE_MODES, SHARED_STAGES, CellRecord, error_signature
 from harness.store import RUN_FILE, CorruptRecordError, RunStore, read_json
 
-from exporters.utils import BACKENDS
+from exporters.backends import BACKENDS
 
 # Where a workaround for a failure at this stage naturally goes (the exporters' registries, or the harness tables).
 WORKAROUND_PLACE = {
@@ -20,25 +20,25 @@ WORKAROUND_PLACE = {
     "build": "tiny-config override (harness/tables.py TINY_OVERRIDES), or a missing optional package",
     "eager": "input factory (harness/inputs.py) or tiny-config override",
     "registry": "EXPORT_SKIPS entry (registry/known_issues.toml)",
-    "signature": "exporter bug: Dynamo stage 1 (exporter_dynamo.py)",
+    "signature": "exporter bug: Dynamo stage 1 (exporters/dynamo/exporter.py)",
     "model-patches": "a @register_patch('dynamo') factory that fails to install",
-    "pytree": "pytree branch in _flatten_to_context / _unflatten_from_context (exporter_dynamo.py)",
-    "dynamic-shapes": "DynamoConfig.dynamic_shapes, or Dim.AUTO handling (exporter_dynamo.py stage 4)",
-    "state-cleanup": "_STATEFUL_CACHE_ATTRS (exporter_dynamo.py stage 5)",
-    "torch-export": "model patch @register_patch('dynamo', ...) (exporter_dynamo.py stage 2)",
+    "pytree": "pytree branch in _flatten_to_context / _unflatten_from_context (exporters/pytree.py)",
+    "dynamic-shapes": "DynamoConfig.dynamic_shapes, or Dim.AUTO handling (exporters/dynamo/exporter.py stage 4)",
+    "state-cleanup": "_STATEFUL_CACHE_ATTRS (exporters/dynamo/exporter.py stage 5)",
+    "torch-export": "model patch @register_patch('dynamo', ...) (exporters/dynamo/patches/, by family)",
     "torch-patches": "a @register_patch factory of this backend that fails to install",
     "fx-node-fixes": "FX node fix @register_fx_node_fix",
-    "onnx-patches": "ONNX patch @register_patch('onnx', 'torch.onnx...') (exporter_onnx.py stage 2)",
+    "onnx-patches": "ONNX patch @register_patch('onnx', 'torch.onnx...') (exporters/onnx/workarounds.py stage 2)",
     "decompositions": "FX node fix @register_fx_node_fix('onnx') run after decompositions (stage 2/3)",
-    "onnx-translation": "ONNX translation _aten_* (exporter_onnx.py stage 4)",
+    "onnx-translation": "ONNX translation _aten_* (exporters/onnx/workarounds.py stage 4)",
     "optimize": "ONNX_DISABLE_OPTIMIZE entry with its onnxscript bug, or an IR fix",
-    "ir-fixes": "ONNX IR fix _fix_ir_* (exporter_onnx.py stage 5)",
-    "backend-preparation": "prepare_for_<backend> (exporter_executorch.py stage 1)",
+    "ir-fixes": "ONNX IR fix _fix_ir_* (exporters/onnx/workarounds.py stage 5)",
+    "backend-preparation": "prepare_for_<backend> (exporters/executorch/backends.py stage 1)",
     "executorch-patches": "ExecuTorch patch @register_patch('executorch', 'executorch...') (stage 3)",
     "fx-program-fixes": "FX program fix @register_fx_program_fix('executorch') (stage 4)",
-    "to-edge": "torch patch or FX node/program fix for ExecuTorch (exporter_executorch.py stages 2-5)",
-    "to-executorch": "ExecuTorch patch (exporter_executorch.py stage 3)",
-    "dynamic-axes": "a model patch that keeps the axis symbolic (exporter_dynamo.py stage 2), or inputs that vary only axes the model allows",
+    "to-edge": "torch patch or FX node/program fix for ExecuTorch (exporters/executorch/: torch_patches, program_fixes, node_fixes)",
+    "to-executorch": "ExecuTorch patch (exporters/executorch/lowering_patches.py stage 3)",
+    "dynamic-axes": "a model patch that keeps the axis symbolic (exporters/dynamo/patches/), or inputs that vary only axes the model allows",
     "load": "runtime: ONNX IR fix (onnx) or ExecuTorch FX fix (executorch)",
     "run": "runtime: ONNX IR fix _fix_ir_* (onnx) or ExecuTorch FX fix",
     "parity": "numerics: a torch patch or ONNX translation; a wider tolerance only with a recorded reason",

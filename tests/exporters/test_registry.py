@@ -1,13 +1,15 @@
 """The workaround registry: patches live only while a backend traces, and bad registrations fail loudly."""
 
+import subprocess
 import sys
 
 import pytest
 import torch
 
 import exporters
-from exporters import utils
-from exporters.utils import PatchPathError, apply_patches, register_patch
+from exporters import registration, workarounds
+from exporters.errors import PatchPathError
+from exporters.registration import apply_patches, register_patch
 
 
 class Doubler(torch.nn.Module):
@@ -19,11 +21,11 @@ class Doubler(torch.nn.Module):
 def scratch_patches():
     """Registrations made by a test are removed after it. The exporters' own are loaded first: restoring the saved
     lists must not drop those of an exporter the test happened to import."""
-    utils.load_registrations()
-    saved = {backend: list(patches) for backend, patches in utils._PATCHES.items()}
+    workarounds.load_registrations()
+    saved = {backend: list(patches) for backend, patches in registration.PATCHES.items()}
     yield
     for backend, patches in saved.items():
-        utils._PATCHES[backend][:] = patches
+        registration.PATCHES[backend][:] = patches
 
 
 def test_patch_is_active_during_tracing_only(scratch_patches):
@@ -88,7 +90,7 @@ def test_a_builtin_is_shadowed_in_one_module_while_tracing_and_unshadowed_after(
     finally:
         del sys.modules["batch_reader"]
     with pytest.raises(PatchPathError, match="has no attribute 'no_such_builtin'"):
-        utils.resolve_path("torch.nn.functional.no_such_builtin")
+        registration.resolve_path("torch.nn.functional.no_such_builtin")
 
 
 def test_several_paths_share_one_factory(scratch_patches):
@@ -155,7 +157,7 @@ def test_unresolvable_path_names_backend_and_path(scratch_patches):
     with pytest.raises(PatchPathError, match=r"executorch patch _patch_missing: 'torch.no_such_op'.*no attribute"):
         with apply_patches("executorch"):
             pass
-    assert utils.check_patch_paths("executorch") == [
+    assert workarounds.check_patch_paths("executorch") == [
         "executorch patch _patch_missing: 'torch.no_such_op': torch has no attribute 'no_such_op'"
     ]
 
@@ -166,21 +168,57 @@ def test_malformed_path_and_unknown_backend_fail_at_registration():
     with pytest.raises(ValueError, match="unknown backend 'tensorrt'"):
         register_patch("tensorrt", "torch.where")
     with pytest.raises(ValueError, match="unknown backend"):
-        utils.register_fx_node_fix("openvino")
+        registration.register_fx_node_fix("openvino")
+
+
+def test_a_second_workaround_of_one_name_is_refused_naming_both_places(scratch_patches):
+    @register_patch("dynamo", "torch.where")
+    def _patch_twice(original):
+        return original
+
+    with pytest.raises(ValueError, match=r"dynamo workaround _patch_twice is registered twice: at .*test_registry.py:\d+ "
+                                         r"and at .*test_registry.py:\d+; rename one"):
+
+        @register_patch("dynamo", "torch.sin")
+        def _patch_twice(original):  # noqa: F811
+            return original
+
+    with pytest.raises(ValueError, match="dynamo workaround _patch_module_cast_to_its_own_dtype is registered twice"):
+
+        @registration.register_fx_node_fix("dynamo")
+        def _patch_module_cast_to_its_own_dtype(graph_module, node):
+            return False
+
+    @register_patch("onnx", "torch.where")
+    def _patch_twice(original):  # noqa: F811  (another backend: its own names)
+        return original
+
+
+def test_apply_patches_refuses_a_backend_whose_package_was_never_imported():
+    probe = (
+        "import pytest\n"
+        "from exporters.registration import apply_patches\n"
+        "with pytest.raises(RuntimeError, match='no onnx workaround is registered yet: import exporters.onnx first'):\n"
+        "    with apply_patches('onnx'):\n"
+        "        pass\n"
+        "print('refused')\n"
+    )
+    ran = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert ran.stdout.strip() == "refused", ran.stderr
 
 
 def test_every_registered_path_resolves():
-    assert utils.check_patch_paths() == []
+    assert workarounds.check_patch_paths() == []
 
 
 def test_disabled_workarounds_rejects_unknown_names():
     with pytest.raises(KeyError, match="_patch_nope"):
-        with utils.disabled_workarounds("_patch_nope"):
+        with workarounds.disabled_workarounds("_patch_nope"):
             pass
 
 
 def test_every_workaround_is_documented():
     for backend in exporters.BACKENDS:
-        for kind, entries in utils.workarounds(backend).items():
+        for kind, entries in workarounds.workarounds(backend).items():
             for entry in entries:
                 assert ": " in entry, f"{backend} {kind} {entry} has no docstring"

@@ -70,11 +70,11 @@ def test_portable_backend_runs_without_delegate():
 
 def test_failure_inside_the_converter_keeps_the_inner_stage():
     """A hook inside torch.onnx.export fails: the error names that stage, not the one around the converter."""
-    from exporters import utils
+    from exporters import registration
 
     graphs = []
 
-    @utils.register_fx_node_fix("onnx")
+    @registration.register_fx_node_fix("onnx")
     def _fix_explodes(graph_module, node):
         """Fails on the second graph it sees: the decomposed one."""
         if graph_module not in graphs:
@@ -91,4 +91,4 @@ def test_failure_inside_the_converter_keeps_the_inner_stage():
 
         assert _raising_stage(_exporter_stages(failure.value.stages), failure.value.stage).name == "decompositions"
     finally:
-        utils._FX_NODE_FIXES["onnx"].remove(_fix_explodes)
+        registration.FX_NODE_FIXES["onnx"].remove(_fix_explodes)

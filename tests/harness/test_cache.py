@@ -69,7 +69,7 @@ def test_a_changed_configuration_file_invalidates_every_class_of_that_model(tmp_
 def test_a_changed_exporter_file_invalidates_every_cell(tmp_path):
     code, models = _copies(tmp_path)
     before = _keys(ResultCache(tmp_path, code_root=code, source_root=models))
-    _append(code / "exporters" / "exporter_onnx.py", "\n# a change\n")
+    _append(code / "exporters" / "onnx" / "exporter.py", "\n# a change\n")
     after = _keys(ResultCache(tmp_path, code_root=code, source_root=models))
     assert all(before[cell] != after[cell] for cell in before)
 

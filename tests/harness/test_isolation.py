@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from exporters import utils
+from exporters import registration, workarounds
 from harness.cells import Cell
 from harness.models import select
 from harness.store import RunStore
@@ -34,13 +34,13 @@ def _blow_up_memory():
 @pytest.fixture
 def fault_once(tmp_path):
     """Install a Dynamo patch that runs ``fault`` the first time a trace calls it (a marker file remembers)."""
-    utils.load_registrations()  # before saving: restoring must not drop the exporters' own patches
-    saved = list(utils._PATCHES["dynamo"])
+    workarounds.load_registrations()  # before saving: restoring must not drop the exporters' own patches
+    saved = list(registration.PATCHES["dynamo"])
 
     def install(fault):
         marker = tmp_path / "fault-done"
 
-        @utils.register_patch("dynamo", "torch.nn.functional.scaled_dot_product_attention")
+        @registration.register_patch("dynamo", "torch.nn.functional.scaled_dot_product_attention")
         def _patch_fault(original):
             def sdpa(*args, **kwargs):
                 if not marker.exists():
@@ -51,7 +51,7 @@ def fault_once(tmp_path):
             return sdpa
 
     yield install
-    utils._PATCHES["dynamo"][:] = saved
+    registration.PATCHES["dynamo"][:] = saved
 
 
 @pytest.mark.parametrize(
@@ -128,14 +128,14 @@ def _bert_cell_with_layer_norm_patch(shape_mode, factory):
     """BertModel's Dynamo cell, traced with ``factory`` patching layer norm; the patch is unregistered after."""
     from harness.cells import ClassContext, run_cell
 
-    utils.load_registrations()
-    saved = list(utils._PATCHES["dynamo"])
-    utils.register_patch("dynamo", "torch.nn.functional.layer_norm")(factory)
+    workarounds.load_registrations()
+    saved = list(registration.PATCHES["dynamo"])
+    registration.register_patch("dynamo", "torch.nn.functional.layer_norm")(factory)
     try:
         model = select("BertModel")[0]
         return run_cell(Cell(model, "dynamo", shape_mode), ClassContext(model))
     finally:
-        utils._PATCHES["dynamo"][:] = saved
+        registration.PATCHES["dynamo"][:] = saved
 
 
 def test_parity_mismatch_is_recorded_with_diffs_not_raised(tmp_path):
@@ -177,7 +177,7 @@ def test_a_forked_child_installs_every_patch_without_importing_a_module():
         "import sys\n"
         "from harness.workers import warm_imports\n"
         "warm_imports(['dynamo'])\n"
-        "from exporters.utils import apply_patches\n"
+        "from exporters.registration import apply_patches\n"
         "before = set(sys.modules)\n"
         "with apply_patches('dynamo'):\n"
         "    pass\n"

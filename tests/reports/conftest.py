@@ -58,7 +58,7 @@ def synthetic_run(directory: Path, cells: int, seed: int = 0, failing: float = 0
 @pytest.fixture(scope="session")
 def real_run(tmp_path_factory):
     """A run of the real harness: two tiny classes, Dynamo and ONNX, static; one cell fails for real."""
-    from exporters import utils
+    from exporters import registration, workarounds
     from harness.models import select
     from harness.sweep import Plan, Progress, run_sweep
     from harness.workers import WorkerOptions, warm_imports
@@ -66,10 +66,10 @@ def real_run(tmp_path_factory):
     directory = tmp_path_factory.mktemp("real-run")
     store = RunStore(directory)
     store.create({"models": "BertModel,GPT2Model", "backends": ["dynamo", "onnx"], "shapes": ["static"]})
-    utils.load_registrations()  # before saving: restoring must not drop the exporters' own patches
-    saved = list(utils._PATCHES["onnx"])
+    workarounds.load_registrations()  # before saving: restoring must not drop the exporters' own patches
+    saved = list(registration.PATCHES["onnx"])
 
-    @utils.register_patch("onnx", "torch.nn.functional.layer_norm")
+    @registration.register_patch("onnx", "torch.nn.functional.layer_norm")
     def _patch_break_gpt2(original):  # a real ONNX failure for one class, in the ONNX stage it happens in
         def layer_norm(input, *args, **kwargs):
             if input.shape[-1] == 32 and input.dim() == 3 and input.shape[1] == 7 and _is_gpt2():
@@ -83,7 +83,7 @@ def real_run(tmp_path_factory):
         plan = Plan(select("BertModel,GPT2Model"), ("dynamo", "onnx"), ("static",))
         run_sweep(plan, store, WorkerOptions(timeout=300), jobs=2, progress=Progress(plan.total, every=60))
     finally:
-        utils._PATCHES["onnx"][:] = saved
+        registration.PATCHES["onnx"][:] = saved
     store.finish()
     return directory
 

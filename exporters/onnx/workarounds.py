@@ -1,176 +1,31 @@
-"""OnnxExporter: a transformers model to an ONNX graph run by ONNX Runtime.
+"""The ONNX exporter's workarounds, by stage, in the order the stages run (``exporter.py`` says what each does).
 
-Built on ``torch.onnx.export(..., dynamo=True)`` of the Dynamo trace (see exporter_dynamo.py), in five stages:
-
-1. torch patches: ``@register_patch("onnx", "torch....")``, active while the model is traced;
-2. ONNX patches: ``@register_patch("onnx", "torch.onnx....")`` and other exporter internals, active during the
-   conversion; one re-runs the FX node fixes after ``run_decompositions``, whose output has new nodes;
-3. FX node fixes: ``@register_fx_node_fix("onnx")``, on the traced graph and again after decompositions;
-4. ONNX translations: ``@register_onnx_translation(aten_op)`` (``_ONNX_TRANSLATION_TABLE``), for an aten op whose
-   default lowering is missing or wrong;
-5. ONNX IR fixes: ``@register_onnx_ir_fix`` (``_IR_FIXES``), on the finished graph, for ONNX Runtime bugs.
-
-``OnnxConfig(optimize=False)`` skips the onnxscript optimizer (run between 4 and 5).
-List every workaround: ``grep -nE "^def (_patch_|_fix_|_aten_)" exporters/exporter_onnx.py``.
+1. torch patches: torch ops the ONNX lowering cannot take as the model calls them;
+2. ONNX patches: the converter's and the optimizer's internals;
+3. FX node fixes: graph rewrites before conversion, run again after decompositions;
+4. ONNX translations: aten ops lowered by our own onnxscript functions;
+5. ONNX IR fixes: rewrites of the finished graph for ONNX Runtime bugs.
 """
 
 from __future__ import annotations
 
 import contextvars
-from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, replace
-from pathlib import Path
+from contextlib import contextmanager
 
 import torch
 
-from .exported import Exported, build_metadata
-from .exporter_dynamo import DynamoConfig, trace_model
-from .utils import (
-    ONNX_IR_FIXES,
+from ..registration import (
     ONNX_TRANSLATIONS,
-    OnnxExportError,
-    StageLog,
-    apply_fx_node_fixes,
-    apply_patches,
     applied_reporter,
-    contiguous_copy,
-    is_backend_internal,
+    apply_fx_node_fixes,
     register_fx_node_fix,
     register_onnx_ir_fix,
     register_onnx_translation,
     register_patch,
     report_applied,
-    without_autograd_for_scans,
 )
-
-_ONNX_TRANSLATION_TABLE = ONNX_TRANSLATIONS
-_IR_FIXES = ONNX_IR_FIXES
-
-
-@dataclass
-class OnnxConfig(DynamoConfig):
-    opset: int | None = None  # None: torch.onnx's default
-    optimize: bool = True
-
-
-class OnnxExported(Exported):
-    backend = "onnx"
-    program_file = "model.onnx"
-
-    def __init__(self, program, metadata, session=None):
-        super().__init__(program, metadata)
-        self._session = session
-
-    def _runtime(self):
-        if self._session is None:
-            import onnx_ir
-
-            self._session = open_session(onnx_ir.to_proto(self.program).SerializeToString())
-        return self._session
-
-    session = property(_runtime)
-
-    def _run(self, feed):
-        session_inputs = {value.name for value in self.session.get_inputs()}
-        named = {name: tensor.numpy() for name, tensor in zip(self.input_names, feed) if name in session_inputs}
-        return [torch.from_numpy(array) for array in self.session.run(None, named)]
-
-    def _save_program(self, path: Path) -> None:
-        import onnx_ir
-
-        onnx_ir.save(self.program, str(path), external_data=f"{path.name}.data")
-
-    @classmethod
-    def _load(cls, directory, metadata):
-        import onnx_ir
-
-        path = directory / cls.program_file
-        return cls(onnx_ir.load(str(path)), metadata, session=open_session(str(path)))
-
-
-def open_session(model):
-    """An ONNX Runtime CPU session using as many threads as torch does here (the harness sets that one knob)."""
-    import onnxruntime
-
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = torch.get_num_threads()
-    options.log_severity_level = 3
-    return onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
-
-
-class OnnxExporter:
-    """``OnnxExporter().export(model, inputs, OnnxConfig(dynamic=True))`` -> a callable ``OnnxExported``."""
-
-    def export(self, model: torch.nn.Module, inputs: dict, config: OnnxConfig | None = None) -> OnnxExported:
-        config = config or OnnxConfig()
-        log = StageLog(OnnxExportError)
-        fired: set[str] = set()
-        try:
-            with ExitStack() as active:
-                with log.stage("torch-patches"):
-                    active.enter_context(apply_patches("onnx", fired, select=lambda path: not is_backend_internal(path)))
-                traced = trace_model(model, inputs, config, log)
-                traced = replace(traced, output_names=_computed_output_names(traced))
-                active.close()  # torch patches serve the trace only
-                with log.stage("fx-node-fixes"):
-                    apply_fx_node_fixes("onnx", traced.program.graph_module, log.applied)
-                with log.stage("onnx-patches"):
-                    active.enter_context(apply_patches("onnx", fired, select=is_backend_internal))
-                    active.enter_context(_conversion_log(log))
-                with log.stage("onnx-translation"):
-                    onnx_program = torch.onnx.export(
-                        traced.program,
-                        (),
-                        kwargs={name: value for name, value in inputs.items() if name not in traced.constants},
-                        input_names=traced.input_names,
-                        output_names=traced.output_names,
-                        custom_translation_table=_ONNX_TRANSLATION_TABLE,
-                        opset_version=config.opset,
-                        optimize=False,
-                        dynamo=True,
-                        verbose=False,
-                    )
-                    _name_inputs_and_outputs(onnx_program.model.graph, traced.input_names, traced.output_names)
-                if config.optimize:  # with the patches on the optimizer's internals
-                    with log.stage("optimize"):
-                        onnx_program.optimize()
-            with log.stage("ir-fixes"):
-                log.note(fix.__name__ for fix in _IR_FIXES if fix(onnx_program.model))
-        finally:
-            fired.discard(_patch_refix_after_decompositions.__name__)  # the stage 2 hook itself, not a workaround
-            log.note(sorted(fired))
-        metadata = build_metadata("onnx", model, traced, config, log)
-        return OnnxExported(onnx_program.model, metadata)
-
-
-def _computed_output_names(traced) -> list[str]:
-    """The names of the outputs the program computes. Python numbers a forward returns beside its tensors (the
-    step Qwen3-Omni's code predictor is at) stay constants of the program; an ONNX graph leaves them out."""
-    from torch.export.graph_signature import ConstantArgument, OutputKind
-
-    specs = [spec for spec in traced.program.graph_signature.output_specs if spec.kind == OutputKind.USER_OUTPUT]
-    return [name for name, spec in zip(traced.output_names, specs, strict=True)
-            if not isinstance(spec.arg, ConstantArgument)]
-
-
-def _name_inputs_and_outputs(graph, input_names: list[str], output_names: list[str]) -> None:
-    """Give the graph's inputs and outputs our names. An output that is an input passed through (a decode step's
-    cross-attention cache) becomes an Identity of it: one value cannot carry both names, and the converter would
-    otherwise rename the input."""
-    import onnx_ir
-
-    for index, value in enumerate(list(graph.outputs)):
-        if value.is_graph_input():
-            identity = onnx_ir.node("Identity", [value])
-            copy = identity.outputs[0]
-            copy.shape, copy.type = value.shape, value.type
-            graph.append(identity)
-            graph.outputs[index] = copy
-    for value, name in zip(graph.inputs, input_names):
-        value.name = name
-    for value, name in zip(graph.outputs, output_names):
-        value.name = name
-
+from ..rewrites import contiguous_copy, running_extremes_by_comparison, without_autograd_for_scans
+from ..stages import StageLog
 
 # ── Stage 1: Torch patches ───────────────────────────────────────────────────
 # `@register_patch("onnx", "torch.<op>")`: replace a torch op the ONNX lowering cannot take as the model calls it.
@@ -182,21 +37,7 @@ def _patch_running_extremes_by_comparison(original):
     finds each token's previous and next special tokens by them). Position i's extreme is that of the row with the
     values after i replaced by the value at i; its index, the last position holding it, which is i itself when the
     value at i is the extreme."""
-    largest = original is torch.cummax
-
-    def running_extreme(input, dim):
-        if not isinstance(input, torch.Tensor) or input.dim() == 0:
-            return original(input, dim)
-        row = input.movedim(dim, -1)
-        positions = torch.arange(row.shape[-1], device=input.device)
-        prefixes = torch.where(positions <= positions[:, None], row.unsqueeze(-2), row.unsqueeze(-1))
-        values = prefixes.amax(dim=-1) if largest else prefixes.amin(dim=-1)
-        holding = torch.where(prefixes == values.unsqueeze(-1), positions, 0).amax(dim=-1)
-        indices = torch.minimum(holding, positions)
-        result = torch.return_types.cummax if largest else torch.return_types.cummin
-        return result((values.movedim(-1, dim), indices.movedim(-1, dim)))
-
-    return running_extreme
+    return running_extremes_by_comparison(original)
 
 
 # ── Stage 2: ONNX patches ────────────────────────────────────────────────────
@@ -206,7 +47,8 @@ _ACTIVE_LOG: contextvars.ContextVar[StageLog | None] = contextvars.ContextVar("o
 
 
 @contextmanager
-def _conversion_log(log: StageLog):
+def conversion_log(log: StageLog):
+    """The stage log the stage 2 hooks record into, while ``OnnxExporter`` converts."""
     token = _ACTIVE_LOG.set(log)
     try:
         yield
@@ -225,11 +67,14 @@ def _patch_refix_after_decompositions(original):
         with log.stage("decompositions"), without_autograd_for_scans(exported_program):
             prepared = original(exported_program, *args, **kwargs)
             apply_fx_node_fixes("onnx", prepared.graph_module, log.applied)
-            translated = {node.target for node in prepared.graph.nodes} & set(_ONNX_TRANSLATION_TABLE)
-            log.note(sorted(_ONNX_TRANSLATION_TABLE[target].__name__ for target in translated))
+            translated = {node.target for node in prepared.graph.nodes} & set(ONNX_TRANSLATIONS)
+            log.note(sorted(ONNX_TRANSLATIONS[target].__name__ for target in translated))
         return prepared
 
     return prepare
+
+
+CONVERSION_HOOK = _patch_refix_after_decompositions.__name__  # a hook of the exporter's stages, not a workaround
 
 
 @register_patch("onnx", "torch.onnx._internal.exporter._core._handle_output_node", reports=True)

@@ -1,0 +1,56 @@
+"""ExecuTorch stage 1, backend preparation: ``prepare_for_<name>(model) -> partitioners`` puts the model on the
+backend's device and dtype; ``warm_up_xnnpack`` builds XNNPACK's reference graphs once per process.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..registration import register_executorch_backend
+
+
+# ── Stage 1: Backend preparation ─────────────────────────────────────────────
+# `@register_executorch_backend(name)` on `prepare_for_<name>(model) -> partitioners`.
+
+
+@register_executorch_backend("xnnpack")
+def prepare_for_xnnpack(model):
+    """XNNPACK: float32 on the CPU, delegated subgraphs where XNNPACK has kernels, the portable ops elsewhere."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    model.to(device="cpu").float()  # floating tensors only: `.to(dtype)` drops complex buffers' imaginary part
+    return [XnnpackPartitioner()]
+
+
+def warm_up_xnnpack() -> None:
+    """Build now what XNNPACK's lowering builds on first use and keeps for the process's life: reference SDPA and
+    bilinear-upsampling graphs, traced and lowered (about 3 s), to match patterns against. A sweep calls this in its
+    parent, so no forked child pays it again. On one intra-op thread: children forked after an OpenMP pool has
+    started hang in their first parallel op."""
+    from executorch.backends.xnnpack.partition.graphs import bilinear_2d, sdpa
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        bilinear_2d.get_graphs()
+        sdpa.get_graphs()
+    finally:
+        torch.set_num_threads(threads)
+
+
+@register_executorch_backend("portable")
+def prepare_for_portable(model):
+    """Portable: ExecuTorch's reference kernels only, no delegate."""
+    model.to(device="cpu").float()
+    return []
+
+
+@register_executorch_backend("cuda")
+def prepare_for_cuda(model):
+    """CUDA: the ExecuTorch CUDA delegate, which needs a CUDA device."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("the ExecuTorch 'cuda' backend needs a CUDA device, and this machine has none")
+    from executorch.backends.cuda.cuda_partitioner import CudaPartitioner
+
+    model.to(device="cuda")
+    return [CudaPartitioner([])]

@@ -1,0 +1,99 @@
+"""The exporters' own stages, which no workaround can switch off: the names a program takes and returns, the inputs it
+bakes in as constants (sizes in a static export, a cache's numbers), the state cleanup around the trace,
+ExecuTorch's initial buffer values.
+"""
+
+import pytest
+import torch
+
+import exporters
+from exporters.leaves import split_inputs
+
+from .conftest import TOLERANCE, assert_parity
+from .workarounds.modules import (
+    FeatureMapSizes,
+    RecastTable,
+    assert_runs_like_eager,
+    built_by_the_sweep,
+    export_module,
+    export_tiny,
+)
+
+
+def test_bare_tensor_output_is_named_output():
+    class Double(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    exported = exporters.OnnxExporter().export(Double(), {"x": torch.ones(2)})
+    assert exported.output_names == ["output"]
+    assert exporters.named_leaves(Double()(torch.ones(2))).keys() == {"output"}
+
+
+def test_an_input_that_is_a_view_is_traced_without_its_base():
+    class HalvedGrid(torch.nn.Module):
+        def forward(self, grid):
+            return (grid // 2).prod(-1).sum() + grid.unbind(-1)[0]
+
+    grid = torch.tensor([[1, 1, 4, 4], [1, 1, 6, 4]])[:, 2:]  # a view, as an input factory may slice its sizes
+    axes = {"grid": {0: torch.export.Dim.AUTO}}
+    exporter, config = exporters.exporter_for("dynamo", dynamic=True, dynamic_shapes=axes)
+    exported = exporter.export(HalvedGrid(), {"grid": grid}, config)
+    other = torch.tensor([[2, 2], [4, 4], [6, 6]])
+    torch.testing.assert_close(exported(grid=other)["output"], HalvedGrid()(other))
+
+
+def test_a_static_export_keeps_the_values_of_small_tensors_the_forward_builds(monkeypatch):
+    model, inputs = FeatureMapSizes(), {"features": torch.randn(2, 8, 4, 5), "queries": torch.randn(2, 1, 3, 8)}
+    exported = export_module(model, inputs, "dynamo")
+    assert torch.equal(exported(**inputs)["output"], model(**inputs))
+    monkeypatch.setattr("exporters.dynamo.exporter._SIZE_NUMEL_LIMIT", 1)  # torch's own: values of one element
+    with pytest.raises(exporters.ExportError, match="data-dependent"):
+        export_module(model, inputs, "dynamo")
+
+
+@pytest.mark.parametrize("name, size_input, backend", [
+    # its audio frames chunked by the number the mask marks real (exportable unbaked too, on a grid of chunks)
+    ("Qwen2_5OmniThinkerForConditionalGeneration", "feature_attention_mask", "dynamo"),
+    # its per-image merge factors: traced, a reshape by them left ExecuTorch a view of unplannable size
+    ("VideoLlama3VisionModel", "merge_sizes", "dynamo"),
+])  # fmt: skip
+def test_a_static_export_bakes_in_the_image_and_audio_geometry(name, size_input, backend):
+    context = built_by_the_sweep(name)
+    exported = export_tiny(context, backend)
+    assert size_input not in exported.input_names and "size_inputs_as_constants" in exported.applied
+    assert_parity(exported(**context.inputs["A"]), context.expected["A"], TOLERANCE[backend])
+    with pytest.raises(ValueError, match=f"{size_input}=.* differs from the value baked"):
+        exported(**{**context.inputs["A"], size_input: context.inputs["A"][size_input] * 2})
+    assert size_input in split_inputs(context.inputs["A"])[0]  # a dynamic export traces it
+
+
+def test_a_cache_whose_lengths_differ_from_the_export_is_refused():
+    """Diffusion Gemma's decoder reads a prompt cache: its sliding layer counts the prompt's tokens in a Python int,
+    which the trace bakes in. A prompt of another length was computed with the wrong positions, silently."""
+    context = built_by_the_sweep("DiffusionGemmaDecoderModel")
+    exported = export_tiny(context, "dynamo", dynamic=True)
+    assert_parity(exported(**context.inputs["A"]), context.expected["A"], TOLERANCE["dynamo"])
+    with pytest.raises(ValueError, match=r"past_key_values .*\(layers\.0\.cumulative_length: 5, exported with 7\)"):
+        exported(**context.inputs["B"])
+
+
+def test_eomt_mask_annealing_is_read_as_the_numbers_its_buffer_holds(monkeypatch):
+    context = built_by_the_sweep("EomtForUniversalSegmentation")
+    model, inputs = context.model, context.inputs["A"]
+    state_keys = list(model.state_dict())
+    model.attn_mask_probs[0] = 0.0  # the first masked block annealed away: its queries see the whole image
+    expected = context._forward(inputs)
+    assert not torch.allclose(expected["class_queries_logits"], context.expected["A"]["class_queries_logits"])
+    exported = export_module(model, inputs, "dynamo")
+    assert_parity(exported(**inputs), expected, TOLERANCE["dynamo"])
+    assert list(model.state_dict()) == state_keys and "attn_mask_probs" in model._buffers
+    monkeypatch.setattr("exporters.dynamo.exporter._BUFFERS_READ_AS_NUMBERS", ())
+    with pytest.raises(exporters.ExportError, match="data-dependent"):
+        export_module(model, inputs, "dynamo")
+
+
+def test_executorch_starts_a_buffer_the_program_updates_from_its_value():
+    model, inputs = RecastTable().eval(), {"positions": torch.tensor([[0, 5, 2]])}
+    exported = export_module(model, inputs, "executorch")
+    assert_runs_like_eager(exported, model, inputs)  # ExecuTorch's default leaves it unset: zeros here

@@ -1,0 +1,84 @@
+"""The Dynamo model patches of `exporters/dynamo/patches/placeholders.py` (placeholder checks): each passes with its
+workaround and fails, or differs from eager, without it.
+"""
+
+import pytest
+import torch
+
+import exporters
+from exporters.workarounds import disabled_workarounds
+
+from ..conftest import TOLERANCE, assert_parity
+from .modules import built_by_the_sweep, export_tiny, exported_on_the_varying_axes
+
+
+CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaround, error without it)
+    ("HunYuanVLForConditionalGeneration", "dynamo", "_patch_hunyuan_vl_placeholder_check_as_tensor", "data-dep"),
+    # its placeholder count checked against its image tokens in a Python `if`
+    ("GlmImageModel", "dynamo", "_patch_glm_image_placeholder_check_as_tensor", "data-dependent"),
+]
+
+
+@pytest.mark.parametrize("name, backend, workaround, error", CLASS_CASES, ids=[case[2] for case in CLASS_CASES])
+def test_a_model_class_exports_with_its_workaround_and_fails_without(name, backend, workaround, error):
+    context = built_by_the_sweep(name)
+    assert context.ok, context.stages[-1].message
+    exported = export_tiny(context, backend)
+    assert workaround in exported.applied
+    assert_parity(exported(**context.inputs["A"]), context.expected["A"], TOLERANCE[backend])
+    with disabled_workarounds(workaround), pytest.raises(exporters.ExportError, match=error):
+        export_tiny(context, backend)
+
+
+DYNAMIC_CELL_CASES = [  # (model class, backend, {workaround: (stage, message) of its dynamic cell without it})
+    ("GlmImageModel", "dynamo",
+     {"_patch_glm_image_source_grids_by_mask": ("dynamic-axes", "images_per_sample axis 0 = 2 (second set: 3)"),
+      "_patch_glm_image_features_as_one_map": ("torch-export", "data-dependent")}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, backend, failures", DYNAMIC_CELL_CASES, ids=[case[0] for case in DYNAMIC_CELL_CASES])
+def test_a_dynamic_cell_passes_with_its_workarounds_and_fails_without_each(name, backend, failures):
+    """``name``'s dynamic cell as the sweep runs it, with every workaround and with each one disabled: for models
+    whose exported outputs are not eager's one for one (a tensor where eager returns None, cache leaves), the
+    sweep's parity compares the outputs eager has."""
+    from harness.cells import Cell, ClassContext, run_cell
+    from harness.models import select
+
+    model_class = select(name)[0]
+    context = ClassContext(model_class)
+    with_them = run_cell(Cell(model_class, backend, "dynamic"), context)
+    assert (with_them.status, with_them.message) == ("pass", None) and set(failures) <= set(with_them.applied)
+    for workaround, (stage, message) in failures.items():
+        with disabled_workarounds(workaround):
+            without = run_cell(Cell(model_class, backend, "dynamic"), context)
+        assert without.stage == stage and message in without.message, workaround
+
+
+@pytest.mark.parametrize("name", ["VoxtralModel", "InklingModel"])
+def test_placeholder_checks_by_count_export_with_a_symbolic_batch(name):
+    _context, _, export = exported_on_the_varying_axes(name, ["_patch_placeholder_count_checked_by_sum"])
+    with disabled_workarounds("_patch_placeholder_count_checked_by_sum"):
+        with pytest.raises(exporters.ExportError, match="not a subset of src_bound"):
+            export()
+
+
+def test_glm_image_source_grids_and_tokens_of_one_map_are_eagers_image_by_image():
+    from transformers.models.glm_image.modeling_glm_image import GlmImageModel
+
+    from exporters.dynamo.patches.placeholders import _patch_glm_image_features_as_one_map, _patch_glm_image_source_grids_by_mask
+
+    context = built_by_the_sweep("GlmImageModel")
+    model, inputs = context.model, context.inputs["A"]
+    grids = torch.tensor([[1, 2, 2], [1, 4, 2], [1, 2, 2], [1, 2, 4], [1, 4, 4], [1, 2, 2]])
+    per_sample = torch.tensor([2, 3, 1])  # the last grid of each sample is the image it generates
+    by_mask = _patch_glm_image_source_grids_by_mask(GlmImageModel.get_image_grids_for_generation)
+    torch.testing.assert_close(by_mask(model, per_sample, grids),
+                               GlmImageModel.get_image_grids_for_generation(model, per_sample, grids))
+    sources = grids[[0, 2, 3]]
+    pixel_values = torch.randn(int(sources.prod(-1).sum()), inputs["pixel_values"].shape[-1])
+    one_map = _patch_glm_image_features_as_one_map(GlmImageModel.get_image_features)
+    with torch.no_grad():
+        by_image = model.get_image_tokens(model.get_image_features(pixel_values, sources).pooler_output)
+        at_once = model.get_image_tokens(one_map(model, pixel_values, sources).pooler_output)
+    torch.testing.assert_close(at_once, by_image)
