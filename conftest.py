@@ -91,7 +91,7 @@ def pytest_configure(config):
 
         _usage(lambda: require_run(baseline, "--sweep-baseline"))
     if _disabled(config):
-        from harness.cli import check_workaround_names
+        from commands.sweep import check_workaround_names
 
         _usage(lambda: check_workaround_names(_disabled(config)))
     if config.option.collectonly:  # a look at the items writes nothing
@@ -112,7 +112,7 @@ def _disabled(config) -> list[str]:
 
 def _plan(config):
     """The plan of this session's cells, from the sweep options (or the --sweep-plan file)."""
-    from harness.cli import select_plan
+    from harness.plan import select_plan
     from harness.records import SHAPE_MODES
 
     from exporters.backends import BACKENDS
@@ -125,17 +125,15 @@ def _plan(config):
             raise ValueError(f"unknown {unknown[0]!r}: choose from {', '.join(known)}")
     plan_file = config.getoption("--sweep-plan")
 
-    class Args:
-        models = config.getoption("--sweep") if not plan_file else "all"
-        model_types = tasks = limit = None
-        sample, seed = config.getoption("--sweep-sample"), config.getoption("--sweep-seed")
-        shard = config.getoption("--shard")
-        shard_weights = Path(config.getoption("--shard-weights")) if config.getoption("--shard-weights") else None
-        plan = Path(plan_file) if plan_file else None
-
+    weights = config.getoption("--shard-weights")
     defaults = ("dynamo,onnx,executorch", "static,dynamic")
-    given = (config.getoption("--backends"), config.getoption("--shapes")) != defaults
-    return select_plan(Args, backends if given or not plan_file else None, shapes if given or not plan_file else None)
+    given = (config.getoption("--backends"), config.getoption("--shapes")) != defaults or not plan_file
+    return select_plan(
+        config.getoption("--sweep") if not plan_file else "all", sample=config.getoption("--sweep-sample"),
+        seed=config.getoption("--sweep-seed"), shard=config.getoption("--shard"),
+        shard_weights=Path(weights) if weights else None, plan_file=Path(plan_file) if plan_file else None,
+        backends=backends if given else None, shapes=shapes if given else None,
+    )
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -17,10 +17,13 @@ from pathlib import Path
 
 from exporters.backends import BACKENDS
 
-from .models import ModelClass, shard
+from .cache import class_weights
+from .models import ModelClass, all_model_classes, parse_shard, select, shard
 from .records import SHAPE_MODES
-from .store import PLAN_FILE, now, read_json, write_json_atomic
+from .store import PLAN_FILE, now, read_json, require_run, write_json_atomic
 from .sweep import cells_of
+
+DEFAULT_SHAPES = ("static", "dynamic")
 
 PLAN_SCHEMA = 1
 
@@ -142,6 +145,55 @@ def make_plan(models: list[ModelClass], backends, shapes, selection: dict, shard
             entry["seconds"] = round(weights[model.name], 2)
         classes[model.name] = entry
     return SweepPlan(dict(selection), list(backends), list(shapes), shards, classes, now(), weights_from)
+
+
+def select_plan(models: str = "smoke", model_types=None, tasks=None, limit=None, sample=None, seed: int = 0,
+                shard: str | None = None, shard_weights: Path | None = None, plan_file: Path | None = None,
+                backends=None, shapes=None) -> tuple[SweepPlan, int | None]:  # fmt: skip
+    """``(plan, shard index or None)``: read from ``plan_file``, or made from the selection (``backends`` and
+    ``shapes`` None: the plan's, or every backend and static + dynamic). Errors name the option to change."""
+    index = count = None
+    if shard:
+        index, count = parse_shard(shard)
+    if plan_file:
+        given = [option for option, value in (("--model-types", model_types), ("--tasks", tasks), ("--sample", sample),
+                                              ("--limit", limit), ("--shard-weights", shard_weights)) if value]  # fmt: skip
+        given += ["--models"] if models not in ("smoke", "all") else []
+        if given:
+            raise ValueError(f"--plan says which classes run: drop {', '.join(given)}")
+        plan = SweepPlan.load(plan_file)
+        if count is not None and count != plan.shards:
+            raise ValueError(f"--shard {shard}: the plan {plan_file} has {plan.shards} shards")
+        if plan.shards > 1 and index is None:
+            raise ValueError(f"the plan {plan_file} has {plan.shards} shards: say which with --shard i/{plan.shards}")
+        if (backends and set(backends) != set(plan.backends)) or (shapes and set(shapes) != set(plan.shapes)):
+            raise ValueError(
+                f"the plan {plan_file} is for backends {','.join(plan.backends)} and shapes {','.join(plan.shapes)}: "
+                "drop --backends/--shapes, or make another plan"
+            )
+        known = all_model_classes()
+        gone = [name for name in plan.class_names(index) if name not in known]
+        if gone:
+            raise LookupError(
+                f"the plan {plan_file} names {len(gone)} classes the installed transformers does not have "
+                f"({', '.join(gone[:5])}): it was made with other versions; make the plan where the shards run"
+            )
+        return plan, index
+    selection = {"models": models, "model_types": model_types, "tasks": tasks, "limit": limit, "sample": sample,
+                 "seed": seed}  # fmt: skip
+    classes = select(models, model_types, tasks, limit, sample, seed)
+    weights, weights_from = {}, None
+    if shard_weights is not None:
+        require_run(shard_weights, "--shard-weights")
+        weights, weights_from = class_weights(shard_weights), str(shard_weights)
+    plan = make_plan(classes, backends or BACKENDS, shapes or DEFAULT_SHAPES, selection, shards=count or 1,
+                     weights=weights, weights_from=weights_from)  # fmt: skip
+    return plan, index
+
+
+def planned_classes(plan: SweepPlan, shard_index: int | None = None) -> list[ModelClass]:
+    known = all_model_classes()
+    return [known[name] for name in plan.class_names(shard_index)]
 
 
 def plan_of_run(run_dir: Path) -> SweepPlan | None:

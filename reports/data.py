@@ -1,4 +1,5 @@
-"""What the dashboard shows, computed from run folders (cell records only: the reports never import exporters)."""
+"""What the dashboard shows, computed from run folders: cell records only (the reports import no exporter, only the
+backends' names, which import nothing)."""
 
 from __future__ import annotations
 

@@ -16,13 +16,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = ("exporters", "harness", "registry", "reports")
+# The layers, lowest first: each imports only those before it (and itself). The command layer sits on top.
+LAYERS = ("exporters", "harness", "registry", "reports", "commands")
 MAX_EXPORTER_LINES = 1300
-
-# Import loops known outside exporters/, each as the set of its modules: the command layer moves out of harness/
-# (issue 53, second part). None today: harness/cli.py imports registry/ and reports/, which import other harness
-# modules, a loop between the folders but not between files. An entry whose loop is gone must be removed.
-KNOWN_LOOPS: list[frozenset[str]] = []
 
 
 def _modules() -> dict[str, Path]:
@@ -131,11 +127,18 @@ def _cycle_in(graph, component) -> list[str]:
 def test_the_import_graph_has_no_loop():
     graph = _graph()
     loops = _loops(graph)
-    unknown = [loop for loop in loops if loop not in KNOWN_LOOPS]
-    assert not unknown, "import loops: " + "; ".join(" -> ".join(_cycle_in(graph, loop)) for loop in unknown)
-    assert not any(module.startswith("exporters") for loop in loops for module in loop)
-    stale = [sorted(loop) for loop in KNOWN_LOOPS if loop not in loops]
-    assert not stale, f"KNOWN_LOOPS lists loops that are gone: {stale}; remove them"
+    assert not loops, "import loops: " + "; ".join(" -> ".join(_cycle_in(graph, loop)) for loop in loops)
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    rank = {layer: index for index, layer in enumerate(LAYERS)}
+    upward = []
+    for name in MODULES:
+        for line, module, _names in _imports(name):
+            target = _repo_module(module)
+            if target is not None and rank[target.split(".")[0]] > rank[name.split(".")[0]]:
+                upward.append(f"{MODULES[name].relative_to(ROOT)}:{line}: imports {module}")
+    assert not upward, "imports against the layers (" + " < ".join(LAYERS) + "):\n" + "\n".join(upward)
 
 
 def test_no_private_name_is_imported_from_another_module():

@@ -43,7 +43,10 @@ run)
         out=$runs/shard-$i
         finished "$out" && continue
         echo "$(date -u +%FT%TZ) shard $i/$shards"
-        (cd "$tree" && nice -n 19 "$main/.venv/bin/python" -m harness.cli run --models all --shard "$i/$shards" \
+        # the command line moved from harness/ to commands/: the pinned tree has one of the two
+        module=commands
+        [ -d "$tree/commands" ] || module=harness.cli
+        (cd "$tree" && nice -n 19 "$main/.venv/bin/python" -m "$module" run --models all --shard "$i/$shards" \
             --backends dynamo,onnx,executorch --shapes static,dynamic --jobs 2 --no-cache --resume --no-report \
             --out "$out") || echo "shard $i exited $?: its records stay, run again to resume it"
     done

@@ -87,7 +87,7 @@ def test_a_registry_entry_invalidates_its_class_only(tmp_path):
 
 
 def test_a_second_run_reuses_every_cell_and_marks_it(tmp_path):
-    command = [sys.executable, "-m", "harness.cli", "run", "--models", "BertModel,GPT2Model", "--backends", "dynamo",
+    command = [sys.executable, "-m", "commands", "run", "--models", "BertModel,GPT2Model", "--backends", "dynamo",
                "--shapes", "static", "--jobs", "1", "--cache-dir", str(tmp_path / "cache"), "--no-report"]  # fmt: skip
     first = subprocess.run([*command, "--out", str(tmp_path / "first")], cwd=ROOT, capture_output=True, text=True,
                            timeout=600)  # fmt: skip
@@ -107,7 +107,7 @@ def test_a_second_run_reuses_every_cell_and_marks_it(tmp_path):
 
 
 def test_a_resumed_run_caches_only_the_records_it_made(tmp_path):
-    command = [sys.executable, "-m", "harness.cli", "run", "--models", "BertModel", "--backends", "dynamo",
+    command = [sys.executable, "-m", "commands", "run", "--models", "BertModel", "--backends", "dynamo",
                "--shapes", "static", "--jobs", "1", "--out", str(tmp_path / "run"), "--no-report"]  # fmt: skip
     first = subprocess.run([*command, "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]

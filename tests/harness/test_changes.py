@@ -47,7 +47,7 @@ def write_run(directory, records, plan=None, shard=None):
 
 
 def export_sweep(*args):
-    return subprocess.run([sys.executable, "-m", "harness.cli", *map(str, args)], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "commands", *map(str, args)], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)  # fmt: skip
 
 

@@ -18,13 +18,13 @@ CLASSES = "BertModel,GPT2Model,ViTModel"
 
 def export_sweep(*args, **kwargs):
     return subprocess.run(
-        [sys.executable, "-m", "harness.cli", *args], cwd=ROOT, capture_output=True, text=True, **kwargs
+        [sys.executable, "-m", "commands", *args], cwd=ROOT, capture_output=True, text=True, **kwargs
     )
 
 
 def test_resume_after_a_kill_loses_no_finished_cell(tmp_path):
     out = tmp_path / "run"
-    command = [sys.executable, "-m", "harness.cli", "run", "--models", CLASSES, "--backends", "dynamo",
+    command = [sys.executable, "-m", "commands", "run", "--models", CLASSES, "--backends", "dynamo",
                "--shapes", "static,dynamic", "--jobs", "1", "--out", str(out), "--no-cache", "--no-report"]  # fmt: skip
     sweep = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 240

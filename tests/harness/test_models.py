@@ -21,7 +21,7 @@ def _mapped_classes():
 
 def test_list_count_matches_the_auto_mappings():
     result = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "run", "--models", "all", "--list"],
+        [sys.executable, "-m", "commands", "run", "--models", "all", "--list"],
         capture_output=True, text=True, timeout=300, check=True,
     )  # fmt: skip
     last = result.stdout.strip().splitlines()[-1]
@@ -84,7 +84,7 @@ def test_filters_that_match_nothing_say_so_with_near_matches(kwargs, message):
 
 def test_cli_reports_an_unknown_class_clearly():
     result = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "run", "--models", "BertModdel", "--list"],
+        [sys.executable, "-m", "commands", "run", "--models", "BertModdel", "--list"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 2

@@ -108,7 +108,7 @@ def test_the_site_keeps_the_last_30_nights(tmp_path):
     for night in earlier:
         (previous / "nights" / night).mkdir(parents=True)
     run = write_run(tmp_path / "run", [record("ModelA")])
-    subprocess.run([sys.executable, "-m", "harness.cli", "report", str(run)], cwd=ROOT, check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "commands", "report", str(run)], cwd=ROOT, check=True, capture_output=True)
     published = nightly("publish", run / "site", previous)
     assert published.returncode == 0, published.stderr
     nights = sorted(path.name for path in (run / "site" / "nights").iterdir() if path.is_dir())

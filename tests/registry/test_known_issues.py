@@ -117,7 +117,7 @@ def test_cli_check_and_add(tmp_path):
     import sys
 
     path = _write(tmp_path, HEADER + _entry())
-    command = [sys.executable, "-m", "harness.cli", "registry"]
+    command = [sys.executable, "-m", "commands", "registry"]
     checked = subprocess.run([*command, "check", "--registry", str(path)], capture_output=True, text=True, timeout=120)
     assert checked.returncode == 0 and "1 entries, 0 problems" in checked.stdout
     refused = subprocess.run(

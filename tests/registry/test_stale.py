@@ -31,7 +31,7 @@ def test_a_stale_entry_is_flagged_and_fix_removes_only_it(tmp_path):
     path = tmp_path / "registry.toml"
     path.write_text(HEADER + STILL_NEEDED + STALE)
     findings_file = tmp_path / "stale.json"
-    command = [sys.executable, "-m", "harness.cli", "stale", "--registry", str(path), "--offline", "--jobs", "1",
+    command = [sys.executable, "-m", "commands", "stale", "--registry", str(path), "--offline", "--jobs", "1",
                "--out", str(tmp_path / "rerun"), "--json", str(findings_file)]  # fmt: skip
     result = subprocess.run([*command, "--strict"], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert result.returncode == 1, result.stderr[-2000:]

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def export_sweep(*args, timeout=300, **kwargs):
-    return subprocess.run([sys.executable, "-m", "harness.cli", *map(str, args)], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "commands", *map(str, args)], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout, **kwargs)  # fmt: skip
 
 

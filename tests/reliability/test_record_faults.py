@@ -33,7 +33,7 @@ def run_with(tmp_path, data: dict | None = None, raw: bytes | None = None, name=
 
 
 def report(run_dir, *args):
-    return subprocess.run([sys.executable, "-m", "harness.cli", "report", str(run_dir), *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "commands", "report", str(run_dir), *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
 
 

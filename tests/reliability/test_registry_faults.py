@@ -45,7 +45,7 @@ def _run(command, size: int | None = None, timeout: float = 120) -> subprocess.C
 
 
 def _cli_add(path: Path, reason, model="GPT2Model") -> list:
-    return [sys.executable, "-m", "harness.cli", "registry", "add", "--registry", str(path), "--list", "EXPORT_SKIPS",
+    return [sys.executable, "-m", "commands", "registry", "add", "--registry", str(path), "--list", "EXPORT_SKIPS",
             "--scope", "onnx", "--model", model, "--reason", reason, "--url", URL]  # fmt: skip
 
 
@@ -167,7 +167,7 @@ def test_inline_array_line_numbers_point_at_the_list(tmp_path):
 def test_registry_check_on_an_inline_array_fails_instead_of_reporting_nothing(tmp_path):
     path = tmp_path / "known_issues.toml"
     path.write_text(f"EXPORT_SKIPS = [{INLINE}]\n")
-    result = _run([sys.executable, "-m", "harness.cli", "registry", "check", "--registry", str(path)])
+    result = _run([sys.executable, "-m", "commands", "registry", "check", "--registry", str(path)])
     assert result.returncode == 2 and "0 entries" not in result.stdout.decode()
     assert "[[EXPORT_SKIPS]]" in result.stderr.decode()
 

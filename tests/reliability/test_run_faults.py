@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def export_sweep(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "harness.cli", *map(str, args)], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "commands", *map(str, args)], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout)  # fmt: skip
 
 
@@ -80,7 +80,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_a_sweep_killed_with_minus_9_takes_its_worker_with_it(tmp_path):
-    command = [sys.executable, "-m", "harness.cli", "run", "--models", "T5ForConditionalGeneration", "--backends",
+    command = [sys.executable, "-m", "commands", "run", "--models", "T5ForConditionalGeneration", "--backends",
                "executorch", "--shapes", "static,dynamic", "--jobs", "1", "--out", str(tmp_path / "run"), "--no-cache",
                "--no-report"]  # fmt: skip
     sweep = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
