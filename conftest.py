@@ -191,6 +191,11 @@ def pytest_sessionfinish(session, exitstatus):
         entries = [json.loads(path.read_text()) for path in findings]
         stale = {"checked_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "entries": entries}
         write_text_atomic(config.sweep_run_dir / "stale.json", json.dumps(stale, indent=1))
+    if config.getoption("--sweep"):
+        from exporters.workarounds import ledger
+        from harness.ledger import write_listing
+
+        write_listing(config.sweep_run_dir, ledger(tuple(config.sweep_plan.backends)))
     from reports import write_report
 
     baseline = config.getoption("--sweep-baseline")

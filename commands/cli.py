@@ -171,6 +171,17 @@ def build_parser() -> argparse.ArgumentParser:
     stale.add_argument("--timeout", type=_positive, default=600.0)
     stale.add_argument("--out", type=Path, help="run folder for the re-run cells (default: a temporary one)")
     stale.add_argument("--cache-dir", type=Path, help="where GitHub answers are cached")
+    stale.add_argument("--workarounds", action="store_true", help="judge the workarounds too, re-running cells without each")
+    stale.add_argument("--run", type=Path, help="with --workarounds: the run whose cells each workaround fired on")
+    stale.add_argument("--names", type=_list, help="with --workarounds: only these workarounds (comma-separated)")
+    stale.add_argument("--per-workaround", type=_whole(1), default=2, metavar="K",
+                       help="cells re-run without each workaround, cheapest first (default 2)")
+    stale.add_argument("--budget-minutes", type=_positive, help="stop re-running after this long; the rest: not checked")
+
+    workarounds = commands.add_parser("workarounds", help="the ledger: every workaround, what it waits for, where it fired")
+    workarounds.add_argument("run_dir", type=Path, nargs="?", help="a run: the cells each workaround fired on")
+    workarounds.add_argument("--backends", type=_csv(BACKENDS), help="only these backends' workarounds")
+    workarounds.add_argument("--json", action="store_true", help="print JSON")
     return parser
 
 
@@ -186,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handlers = {"run": sweep.cmd_run, "plan": sweep.cmd_plan, "show": sweep.cmd_show, "merge": sweep.cmd_merge,
-                "report": sweep.cmd_report, "registry": known_issues.cmd_registry, "stale": known_issues.cmd_stale}  # fmt: skip
+                "report": sweep.cmd_report, "registry": known_issues.cmd_registry, "stale": known_issues.cmd_stale,
+                "workarounds": known_issues.cmd_workarounds}  # fmt: skip
     try:
         return handlers[args.command](args)
     except KeyboardInterrupt:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from datetime import datetime
 from pathlib import Path
 
-from exporters.workarounds import disabled_workarounds
+from exporters.workarounds import disabled_workarounds, ledger
 from harness.cache import ResultCache, default_cache_dir
 from harness.compare import CHANGE_KINDS, default_fail_on, diff, expected_cells, failing
 from harness.console import quiet
+from harness.ledger import WORKAROUNDS_FILE, write_listing
 from harness.merge import merge_runs
 from harness.models import all_model_classes, near_matches
 from harness.plan import make_plan, plan_of_run, planned_classes, select_plan
@@ -90,6 +90,7 @@ def execute_run(args, plan, index, classes) -> int:
           f"with {args.jobs} workers -> {out}", file=sys.stderr)  # fmt: skip
     with quiet(out / "logs" / "sweep.log", args.verbose) as console:
         warm_imports(plan.backends)
+        write_listing(out, ledger(tuple(plan.backends)))  # the ledger of this run names the code that ran
         cache = None if args.no_cache else ResultCache(cache_dir, registry, salt=_cache_salt(args))
         worker_options = WorkerOptions(
             timeout=args.timeout, memory_cap_mb=args.memory_cap, threads=max(1, (os.cpu_count() or 1) // args.jobs),
@@ -186,7 +187,10 @@ def cmd_report(args) -> int:
         raise FileNotFoundError(f"--stale {args.stale}: no such file")
     if args.out is not None:
         writable_folder(args.out, "--out")
-    site = write_report(args.run_dir, baseline=args.baseline, history=args.history, out=args.out, stale=args.stale)
+    # a run from before listings is shown with the workarounds of the code installed now
+    listing = None if (args.run_dir / WORKAROUNDS_FILE).is_file() else ledger()
+    site = write_report(args.run_dir, baseline=args.baseline, history=args.history, out=args.out, stale=args.stale,
+                        workarounds=listing)  # fmt: skip
     print(f"dashboard: {site / 'index.html'}")
     base_records = {record.cell_id: record for record in baseline.records(errors=[])} if baseline is not None else None
     return verdict(args.run_dir, base_records, args.fail_on)

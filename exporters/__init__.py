@@ -10,7 +10,8 @@ A backend's names (``OnnxExporter``, ``DynamoConfig``, ...) are read from its pa
 
 from .backends import BACKENDS, EXPORTERS, exporter_for, load, package
 from .errors import DynamoExportError, ExecutorchExportError, ExportError, OnnxExportError, PatchPathError
-from .exported import Exported, package_versions
+from .exported import Exported
+from .versions import package_versions
 from .leaves import named_leaves
 
 # name -> the backend whose package defines it

@@ -9,28 +9,13 @@ Each backend's artifact (its runtime) subclasses ``Exported`` in ``exporters/<ba
 from __future__ import annotations
 
 import json
-import platform
-from importlib import metadata as package_metadata
 from pathlib import Path
 from typing import Any, ClassVar
 
 from .leaves import constant_value, named_leaves
+from .versions import package_versions
 
 METADATA_FILE = "export.json"
-VERSIONED_PACKAGES = ("torch", "transformers", "onnx", "onnxscript", "onnxruntime", "executorch")
-
-
-def package_versions() -> dict[str, str | None]:
-    versions = {}
-    for package in VERSIONED_PACKAGES:
-        try:
-            versions[package] = package_metadata.version(package)
-        except package_metadata.PackageNotFoundError:
-            versions[package] = None
-    versions["python"] = platform.python_version()
-    return versions
-
-
 def _jsonable(value: Any) -> Any:
     try:
         json.dumps(value)

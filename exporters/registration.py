@@ -10,6 +10,11 @@ A workaround is a small function registered for one backend, applied by the expo
 - ``@register_onnx_ir_fix``: ``f(onnx_ir.Model) -> bool``, rewrites the finished ONNX graph;
 - ``@register_executorch_backend(name)``: ``prepare_for_<name>(model) -> partitioners``.
 
+Every registration says what the workaround waits for (``WaitsFor``): ``upstream=`` the issue or pull request of
+pytorch, executorch, onnxruntime, onnx, onnxscript or transformers whose change would make it unnecessary, or
+``model_side=`` the change in the transformers modeling code that would (``"upstream change: ..."`` for a backend's
+bug nobody filed), and optionally ``fixed_when="torch>=2.14"``; a registration with neither is refused at import.
+
 Fixes return whether they changed anything, so each export records the workarounds that actually fired. A name is
 registered once per backend: a second workaround of that name is refused, naming both places. The tables fill when a
 backend's package is imported (``exporters.workarounds.load_registrations`` imports them all); this module imports
@@ -24,6 +29,7 @@ import functools
 import importlib
 import importlib.util
 import inspect
+import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import BACKENDS, PatchPathError, check_backend
+from .versions import is_version_condition
 
 BACKEND_INTERNAL_PREFIXES = (
     "torch.onnx.", "torch._export.", "torch.export.", "torch.fx.traceback.", "torch._prims_common.", "onnxscript.",
@@ -40,6 +47,47 @@ BACKEND_INTERNAL_PREFIXES = (
 
 def is_backend_internal(path: str) -> bool:
     return path.startswith(BACKEND_INTERNAL_PREFIXES)
+
+
+# ── What a workaround waits for ───────────────────────────────────────────────
+
+UPSTREAM_PROJECTS = ("pytorch/pytorch", "pytorch/executorch", "microsoft/onnxruntime", "onnx/onnx",
+                     "microsoft/onnxscript", "huggingface/transformers")  # fmt: skip
+_UPSTREAM = re.compile(r"^https://github\.com/([\w.-]+/[\w.-]+)/(issues|pull)/\d+$")
+
+
+@dataclass(frozen=True)
+class WaitsFor:
+    """The change that would make a workaround unnecessary: an upstream issue or pull request, or, where none
+    exists, the change in the modeling code (or the backend) in one sentence; and the release expected to bring it."""
+
+    upstream: str | None = None
+    model_side: str | None = None
+    fixed_when: str | None = None
+
+
+# (backend, workaround name) -> what it waits for
+WAITS_FOR: dict[tuple[str, str], WaitsFor] = {}
+
+
+def waits_for(backend: str, name: str, upstream=None, model_side=None, fixed_when=None) -> WaitsFor:
+    """Check what a registration says it waits for; refuse one that says nothing, naming the workaround."""
+    where = f"{backend} workaround {name}"
+    if upstream is None and not (isinstance(model_side, str) and model_side.strip()):
+        raise ValueError(f"{where} says nothing of what would make it unnecessary: register it with "
+                         "upstream='https://github.com/<project>/issues/N' or model_side='<the change that would>'")  # fmt: skip
+    if upstream is not None:
+        match = _UPSTREAM.match(upstream) if isinstance(upstream, str) else None
+        if match is None or match.group(1) not in UPSTREAM_PROJECTS:
+            raise ValueError(f"{where}: upstream {upstream!r} is not an issue or pull request of "
+                             f"{', '.join(UPSTREAM_PROJECTS)}")  # fmt: skip
+    if fixed_when is not None and not is_version_condition(fixed_when):
+        raise ValueError(f"{where}: fixed_when {fixed_when!r} is not a version condition like 'torch>=2.14'")
+    return WaitsFor(upstream, " ".join(model_side.split()) if model_side else None, fixed_when)
+
+
+def _record_waits(backend: str, function: Callable, known: dict) -> None:
+    WAITS_FOR[(backend, function.__name__)] = waits_for(backend, function.__name__, **known)
 
 
 # ── Patches ───────────────────────────────────────────────────────────────────
@@ -62,7 +110,8 @@ PATCHES: dict[str, list[Patch]] = {backend: [] for backend in BACKENDS}
 _INSTALLED: dict[tuple[int, str], int] = {}
 
 
-def register_patch(backend: str, *paths: str, reports: bool = False):
+def register_patch(backend: str, *paths: str, reports: bool = False, upstream: str | None = None,
+                   model_side: str | None = None, fixed_when: str | None = None):  # fmt: skip
     """Register ``factory(original) -> replacement`` for every dotted path, installed while ``backend`` traces.
 
     A patch counts as applied when its replacement runs; with ``reports=True`` only when the replacement calls
@@ -75,8 +124,11 @@ def register_patch(backend: str, *paths: str, reports: bool = False):
         if not isinstance(path, str) or path.count(".") < 1 or not all(part.isidentifier() for part in path.split(".")):
             raise PatchPathError(f"{backend} patch: {path!r} is not a dotted path like 'torch.where'")
 
+    known = {"upstream": upstream, "model_side": model_side, "fixed_when": fixed_when}
+
     def decorator(factory):
         refuse_duplicate(backend, factory)
+        _record_waits(backend, factory, known)
         PATCHES[backend].append(Patch(backend, paths, factory, reports))
         return factory
 
@@ -209,24 +261,30 @@ FX_NODE_FIXES: dict[str, list[Callable]] = {backend: [] for backend in BACKENDS}
 FX_PROGRAM_FIXES: dict[str, list[Callable]] = {backend: [] for backend in BACKENDS}
 
 
-def register_fx_node_fix(backend: str):
+def register_fx_node_fix(backend: str, upstream: str | None = None, model_side: str | None = None,
+                         fixed_when: str | None = None):  # fmt: skip
     """Register ``fix(graph_module, node) -> bool``: rewrite one node, return whether the graph changed."""
     check_backend(backend)
+    known = {"upstream": upstream, "model_side": model_side, "fixed_when": fixed_when}
 
     def decorator(fix):
         refuse_duplicate(backend, fix)
+        _record_waits(backend, fix, known)
         FX_NODE_FIXES[backend].append(fix)
         return fix
 
     return decorator
 
 
-def register_fx_program_fix(backend: str):
+def register_fx_program_fix(backend: str, upstream: str | None = None, model_side: str | None = None,
+                            fixed_when: str | None = None):  # fmt: skip
     """Register ``fix(exported_program) -> bool``: repair a whole program, return whether it changed."""
     check_backend(backend)
+    known = {"upstream": upstream, "model_side": model_side, "fixed_when": fixed_when}
 
     def decorator(fix):
         refuse_duplicate(backend, fix)
+        _record_waits(backend, fix, known)
         FX_PROGRAM_FIXES[backend].append(fix)
         return fix
 
@@ -265,11 +323,14 @@ ONNX_IR_FIXES: list[Callable] = []
 EXECUTORCH_BACKENDS: dict[str, Callable] = {}
 
 
-def register_onnx_translation(*aten_ops):
+def register_onnx_translation(*aten_ops, upstream: str | None = None, model_side: str | None = None,
+                              fixed_when: str | None = None):  # fmt: skip
     """Register an onnxscript function as the lowering of each aten overload in ``aten_ops``."""
+    known = {"upstream": upstream, "model_side": model_side, "fixed_when": fixed_when}
 
     def decorator(function):
         refuse_duplicate("onnx", function)
+        _record_waits("onnx", function, known)
         for op in aten_ops:
             ONNX_TRANSLATIONS[op] = function
         return function
@@ -277,22 +338,46 @@ def register_onnx_translation(*aten_ops):
     return decorator
 
 
-def register_onnx_ir_fix(fix):
+def register_onnx_ir_fix(upstream: str | None = None, model_side: str | None = None, fixed_when: str | None = None):
     """Register ``fix(onnx_ir.Model) -> bool``, run on every finished ONNX graph."""
-    refuse_duplicate("onnx", fix)
-    ONNX_IR_FIXES.append(fix)
-    return fix
+    known = {"upstream": upstream, "model_side": model_side, "fixed_when": fixed_when}
+
+    def decorator(fix):
+        refuse_duplicate("onnx", fix)
+        _record_waits("onnx", fix, known)
+        ONNX_IR_FIXES.append(fix)
+        return fix
+
+    return decorator
 
 
-def register_executorch_backend(name: str):
+def register_executorch_backend(name: str, upstream: str | None = None, model_side: str | None = None,
+                                fixed_when: str | None = None):  # fmt: skip
     """Register ``prepare_for_<name>(model) -> list of partitioners`` as ExecuTorch backend ``name``."""
+    known = {"upstream": upstream, "model_side": model_side, "fixed_when": fixed_when}
 
     def decorator(prepare):
         refuse_duplicate("executorch", prepare)
+        _record_waits("executorch", prepare, known)
         EXECUTORCH_BACKENDS[name] = prepare
         return prepare
 
     return decorator
+
+
+# ── Switches: workarounds that are no registered function ─────────────────────
+
+# backend -> name -> (what it does, the stage that applies it): they appear in a record's `applied` like the others
+SWITCHES: dict[str, dict[str, tuple[str, str]]] = {backend: {} for backend in BACKENDS}
+
+
+def register_switch(backend: str, name: str, description: str, stage: str, upstream: str | None = None,
+                    model_side: str | None = None, fixed_when: str | None = None) -> str:  # fmt: skip
+    """Declare a switch the exporter flips for the trace (not a function one can unregister); returns its name."""
+    check_backend(backend)
+    WAITS_FOR[(backend, name)] = waits_for(backend, name, upstream, model_side, fixed_when)
+    SWITCHES[backend][name] = (description, stage)
+    return name
 
 
 # ── One name, one workaround ──────────────────────────────────────────────────

@@ -7,8 +7,11 @@ needs no import of its own. ``import_patch_targets`` serves the backends already
 
 from __future__ import annotations
 
+import inspect
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from .backends import package
 from .errors import BACKENDS, PatchPathError, check_backend
@@ -19,7 +22,11 @@ from .registration import (
     ONNX_IR_FIXES,
     ONNX_TRANSLATIONS,
     PATCHES,
+    SWITCHES,
+    WAITS_FOR,
     Patch,
+    WaitsFor,
+    is_backend_internal,
     resolve_path,
 )
 
@@ -113,3 +120,58 @@ def disabled_workarounds(*names: str) -> Iterator[None]:
         ONNX_TRANSLATIONS.clear()
         ONNX_TRANSLATIONS.update(saved_translations)
 
+
+
+# ── The ledger: every workaround with what it waits for ───────────────────────
+
+_REPOSITORY = Path(__file__).resolve().parent.parent  # places are named from here: exporters/onnx/workarounds.py:40
+# The stage that applies each kind of workaround (a patch: where it is installed)
+_STAGE_OF_KIND = {"fx_program_fixes": "fx-program-fixes", "fx_node_fixes": "fx-node-fixes",
+                  "translations": "onnx-translation", "ir_fixes": "ir-fixes", "backends": "backend-preparation"}  # fmt: skip
+
+
+def ledger(backends=BACKENDS) -> list[dict]:
+    """One row per workaround of ``backends``: name, backend, kind, stage, targets, the first line of its docstring,
+    where it is written, and what it waits for (upstream, model_side, fixed_when)."""
+    load_registrations(*backends)
+    rows = []
+
+    def add(backend: str, kind: str, function, stage: str, targets=()):
+        doc = (function.__doc__ or "").strip().splitlines()
+        code = getattr(inspect.unwrap(function), "__code__", None)
+        place = f"{os.path.relpath(code.co_filename, _REPOSITORY)}:{code.co_firstlineno}" if code else ""
+        rows.append(_row(backend, function.__name__, kind, stage, list(targets), doc[0] if doc else "", place))
+
+    for backend in backends:
+        for patch in PATCHES[backend]:
+            internal = any(is_backend_internal(path) for path in patch.paths)
+            stage = "model-patches" if backend == "dynamo" else f"{backend}-patches" if internal else "torch-patches"
+            add(backend, "patch", patch.factory, stage, patch.paths)
+        for fix in FX_PROGRAM_FIXES[backend]:
+            add(backend, "fx_program_fix", fix, _STAGE_OF_KIND["fx_program_fixes"])
+        for fix in FX_NODE_FIXES[backend]:
+            add(backend, "fx_node_fix", fix, _STAGE_OF_KIND["fx_node_fixes"])
+        for name, (description, stage) in SWITCHES[backend].items():
+            rows.append(_row(backend, name, "switch", stage, [], description, ""))
+    if "onnx" in backends:
+        _onnx_rows(add)
+    if "executorch" in backends:
+        for name, prepare in EXECUTORCH_BACKENDS.items():
+            add("executorch", "backend_preparation", prepare, _STAGE_OF_KIND["backends"], [name])
+    return rows
+
+
+def _onnx_rows(add) -> None:
+    ops: dict[str, list[str]] = {}
+    for op, function in ONNX_TRANSLATIONS.items():
+        ops.setdefault(function.__name__, []).append(str(op))
+    for function in {id(f): f for f in ONNX_TRANSLATIONS.values()}.values():
+        add("onnx", "translation", function, _STAGE_OF_KIND["translations"], ops[function.__name__])
+    for fix in ONNX_IR_FIXES:
+        add("onnx", "ir_fix", fix, _STAGE_OF_KIND["ir_fixes"])
+
+
+def _row(backend, name, kind, stage, targets, summary, place) -> dict:
+    waits = WAITS_FOR.get((backend, name), WaitsFor())
+    return {"name": name, "backend": backend, "kind": kind, "stage": stage, "targets": targets, "summary": summary,
+            "place": place, "upstream": waits.upstream, "model_side": waits.model_side, "fixed_when": waits.fixed_when}  # fmt: skip

@@ -51,7 +51,7 @@ def code_digest(root: Path = _ROOT) -> str:
 
 @cache
 def _versions_digest() -> str:
-    from exporters.exported import package_versions
+    from exporters.versions import package_versions
 
     return _digest(json.dumps(package_versions(), sort_keys=True))
 

@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .ledger import WORKAROUNDS_FILE
 from .plan import SweepPlan, plan_of_run
 from .store import CELLS_DIR, RUN_FILE, PLAN_FILE, RunStore, fsync_folder, write_json_atomic
 
@@ -123,6 +124,9 @@ def _build(out: Path, sources, metadata, files, plan, shard_of, merged: Merged) 
         (building / CELLS_DIR).mkdir(parents=True)
         for path in files.values():
             shutil.copyfile(path, building / CELLS_DIR / path.name)
+        listing = next((s.directory / WORKAROUNDS_FILE for s in sources if (s.directory / WORKAROUNDS_FILE).is_file()), None)
+        if listing is not None:  # the shards ran one commit: one listing
+            shutil.copyfile(listing, building / WORKAROUNDS_FILE)
         for source in sources:
             logs = source.directory / "logs"
             if logs.is_dir():

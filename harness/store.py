@@ -149,7 +149,7 @@ class RunStore:
             self.records()  # a corrupt record stops the resume here, before run.json changes
             if plan is not None:
                 self._check_same_plan(metadata, options, plan, shard)
-        from exporters.exported import package_versions
+        from exporters.versions import package_versions
 
         metadata.update(
             {

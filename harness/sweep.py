@@ -178,3 +178,23 @@ def run_sweep(
             worker.close()
         progress.close()
     return counts
+
+
+def run_cells(cell_ids, store: RunStore, options: WorkerOptions, jobs: int = 1, registry=None,
+              progress: Progress | None = None) -> dict[str, CellRecord]:  # fmt: skip
+    """Run exactly these cells into ``store`` (the stale checks re-run chosen cells); returns their records by id.
+    A cell whose class the installed transformers no longer has is left out."""
+    from .models import all_model_classes
+
+    known = all_model_classes()
+    wanted = [cell for cell in dict.fromkeys(cell_ids) if cell.rsplit("-", 2)[0] in known]
+    if not wanted:
+        return {}
+    parts = [cell.rsplit("-", 2) for cell in wanted]
+    classes = [known[name] for name in dict.fromkeys(model for model, _b, _s in parts)]
+    backends = tuple(dict.fromkeys(backend for _m, backend, _s in parts))
+    shapes = tuple(dict.fromkeys(shape for _m, _b, shape in parts))
+    plan = Plan(classes, backends, shapes, only=set(wanted))
+    run_sweep(plan, store, options, jobs, registry, progress or Progress(plan.total))
+    present = store.cell_ids()
+    return {cell: store.read(cell) for cell in wanted if cell in present}

@@ -310,10 +310,14 @@ class ClassWorker:
         import torch
 
         torch.set_num_threads(self.options.threads)
+        context = ClassContext(self.model_class)
+        names = self.options.disabled_workarounds
+        if not names:  # the usual case: no other backend's workarounds loaded into this child
+            self._serve(connection, context)
+            return
         from exporters.workarounds import disabled_workarounds
 
-        context = ClassContext(self.model_class)
-        with disabled_workarounds(*self.options.disabled_workarounds):
+        with disabled_workarounds(*names):
             self._serve(connection, context)
 
     def _serve(self, connection: Connection, context: ClassContext) -> None:

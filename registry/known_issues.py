@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from exporters.backends import BACKENDS
+from exporters.versions import condition_holds, is_version_condition
 from harness.store import write_text_atomic
 
 LISTS = ("EXPORT_SKIPS", "ONNX_DISABLE_OPTIMIZE")
@@ -28,7 +29,6 @@ FIELDS = ("model", "scope", "reason", "url", "fixed_when")
 REQUIRED = ("model", "scope", "reason", "url")
 DEFAULT_PATH = Path(__file__).with_name("known_issues.toml")
 _URL = re.compile(r"^https://github\.com/[\w.-]+/[\w.-]+/(issues|pull|discussions)/\d+(#[\w-]+)?$")
-_REQUIREMENT = re.compile(r"^([A-Za-z][\w.-]*)\s*(==|!=|>=|<=|>|<|~=)\s*([\w.+-]+)$")
 _HEADER = re.compile(r"^\s*\[\[\s*([A-Za-z_]+)\s*\]\]\s*(#.*)?$")
 # What a TOML basic string needs escaped: the quote, the backslash, the control characters (tab too, for one rule)
 _TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", **{chr(c): f"\\u{c:04X}" for c in [*range(0x20), 0x7F]}}
@@ -303,7 +303,7 @@ def _entry(path: Path, name: str, table: dict, line: int) -> tuple[Entry | None,
     if isinstance(url, str) and url and not _URL.match(url):
         problem(f"url {url!r} is not a GitHub issue, pull request or discussion link (https://github.com/o/r/issues/N)")
     fixed_when = table.get("fixed_when")
-    if fixed_when is not None and (not isinstance(fixed_when, str) or not _REQUIREMENT.match(fixed_when)):
+    if fixed_when is not None and not is_version_condition(fixed_when):
         problem(f"fixed_when {fixed_when!r} is not a version condition like 'onnxscript>0.7.2'")
     if problems:
         return None, problems
@@ -347,13 +347,4 @@ def _duplicates_and_contradictions(path: Path, entries: list[Entry]) -> list[Pro
 
 def version_reached(entry: Entry, versions: dict[str, str | None]) -> bool | None:
     """Whether the installed versions satisfy ``fixed_when``; None when there is no condition or no such package."""
-    if not entry.fixed_when:
-        return None
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import Version
-
-    package, operator, version = _REQUIREMENT.match(entry.fixed_when).groups()
-    installed = versions.get(package)
-    if installed is None:
-        return None
-    return Version(installed.split("+")[0]) in SpecifierSet(f"{operator}{version}")
+    return condition_holds(entry.fixed_when, versions)

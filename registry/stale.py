@@ -13,13 +13,9 @@ duplicate, a pull request not merged) is too, with that verdict.
 
 from __future__ import annotations
 
-import json
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from harness.store import write_text_atomic
 
 from .github import GitHubClient, is_closed, is_fixed
 from .known_issues import Entry, Registry, version_reached
@@ -135,44 +131,3 @@ def print_table(findings: list[Finding], stream=sys.stdout) -> None:
             stream.write("  ".join("-" * width for width in widths) + "\n")
     stale = sum(f.stale for f in findings)
     stream.write(f"{len(findings)} entries, {stale} stale\n")
-
-
-def run_stale(args) -> int:
-    """``export-sweep stale``."""
-    from datetime import datetime, timezone
-
-    from exporters.exported import package_versions
-    from harness.cache import default_cache_dir
-    from harness.models import all_model_classes, select
-
-    registry = Registry.load(args.registry)
-    known = all_model_classes()
-    entries = registry.entries
-    if args.models != "all" or args.model_types or args.tasks:
-        chosen = {model.name for model in select(args.models, args.model_types, args.tasks, args.limit)}
-        entries = [entry for entry in entries if entry.model in chosen]
-    cache_dir = args.cache_dir or default_cache_dir()
-    github = GitHubClient(cache_file=Path(cache_dir) / "github.json", offline=args.offline)
-    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="export-sweep-stale-"))
-    rerun = rerun_governed_cells(registry, out, args.jobs, args.timeout)
-    findings = check_entries(registry, entries, known, package_versions(), github, rerun)
-    print_table(findings)
-    report = {
-        "checked_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "registry": str(registry.path),
-        "offline": bool(args.offline),
-        "run": str(out),
-        "entries": [finding.as_dict() for finding in findings],
-    }
-    json_path = Path(args.json) if args.json else out / "stale.json"
-    write_text_atomic(json_path, json.dumps(report, indent=1))
-    print(f"findings: {json_path}")
-    if args.fix:
-        passing = [f.entry for f in findings if f.verdict == "passes now"]
-        if passing:
-            registry.save(registry.without(passing))
-            print(f"{registry.path}: removed {len(passing)} entries that pass now: "
-                  + ", ".join(entry.label() for entry in passing))  # fmt: skip
-        else:
-            print(f"{registry.path}: nothing to remove")
-    return 1 if args.strict and any(f.stale for f in findings) else 0

@@ -52,10 +52,11 @@ def _clip(text: str | None, limit: int) -> str:
     return text[: limit // 2] + f"\n\n... {len(text) - limit} characters cut ...\n\n" + text[-limit // 2 :]
 
 
-def write_report(run_dir, baseline=None, history=None, out=None, stale=None) -> Path:
+def write_report(run_dir, baseline=None, history=None, out=None, stale=None, workarounds=None) -> Path:
     """Render the dashboard of ``run_dir`` into ``out`` (default ``run_dir/site``); returns the site folder.
 
-    A record that cannot be read does not stop the rest: it is left out and named on the overview."""
+    ``workarounds`` is the workaround listing to show (default: the one the run kept). A record that cannot be read
+    does not stop the rest: it is left out and named on the overview."""
     view = data.RunView.load(run_dir)
     if not view.metadata and not view.records and not view.corrupt:
         raise FileNotFoundError(f"{run_dir} is not a run folder (no run.json, no cells/)")
@@ -86,6 +87,7 @@ def write_report(run_dir, baseline=None, history=None, out=None, stale=None) -> 
         "parity.html": ("parity.html", {"parity": data.parity(view)}),
         "registry.html": ("registry.html", {"rows": data.registry_rows(view, stale_data), "stale": stale_data}),
         "history.html": ("history.html", {"history": trend}),
+        "workarounds.html": ("workarounds.html", {"ledger": data.workaround_ledger(view, workarounds, stale_data)}),
     }
     for filename, (template, extra) in pages.items():
         page = environment.get_template(template).render(page=filename, root="", **context, **extra)

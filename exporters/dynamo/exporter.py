@@ -30,7 +30,7 @@ from ..errors import DynamoExportError
 from ..exported import build_metadata
 from ..leaves import spec_leaf_names, split_inputs
 from ..pytree import is_flattened_here, register_pytree_nodes
-from ..registration import apply_patches, register_patch, report_applied
+from ..registration import apply_patches, register_patch, register_switch, report_applied
 from ..stages import StageLog
 from .patches.attention import segmented_attention  # imports every family of patches, in registration order
 from .runtime import DynamoExported
@@ -87,6 +87,15 @@ def _size_or_symbol(size) -> int | str:
     return int(text) if text.isdigit() else text
 
 
+SIZE_INPUTS_AS_CONSTANTS = register_switch(
+    "dynamo", "size_inputs_as_constants",
+    "A static export bakes the inputs a model reads as sizes (image sizes, grids) into the program",
+    "signature",
+    model_side="Models read image and audio geometry (`image_sizes`, `image_grid_thw`, `spatial_shapes`, ...) "
+               "with tensor ops rather than as Python numbers, so a static export need not bake it in.",
+)
+
+
 def trace_model(model: torch.nn.Module, inputs: dict[str, Any], config: DynamoConfig, log: StageLog) -> Traced:
     """Run stages 1 to 5 around ``torch.export.export``; every failure names its stage."""
     traced_inputs, constants = split_inputs(inputs, sizes_as_constants=not config.dynamic)
@@ -94,7 +103,7 @@ def trace_model(model: torch.nn.Module, inputs: dict[str, Any], config: DynamoCo
     traced_inputs = {name: value.clone() if isinstance(value, torch.Tensor) and value._base is not None else value
                      for name, value in traced_inputs.items()}
     size_dtypes = {name: inputs[name].dtype for name in constants if isinstance(inputs[name], torch.Tensor)}
-    fired: set[str] = {"size_inputs_as_constants"} if size_dtypes else set()
+    fired: set[str] = {SIZE_INPUTS_AS_CONSTANTS} if size_dtypes else set()
     with ExitStack() as active, torch.no_grad():
         with log.stage("signature"):
             active.enter_context(flat_forward(model, list(traced_inputs), constants, size_dtypes, not config.dynamic))
@@ -198,7 +207,12 @@ def auto_dynamic_shapes(value: Any) -> Any:
     return None
 
 
-@register_patch("dynamo", "torch.fx.experimental.symbolic_shapes.DimConstraints.solve", reports=True)
+@register_patch(
+    "dynamo", "torch.fx.experimental.symbolic_shapes.DimConstraints.solve", reports=True,
+    model_side="upstream change: torch's DimConstraints.solve (torch/fx/experimental/symbolic_shapes.py) catches"
+               " sympy's NotImplementedError in its equality-solving loop too and keeps the unsolved guard as a "
+               "run-time check, as it already does for univariate inequalities.",
+)
 def _patch_dim_constraints_unsolvable_left_as_guards(original):
     """After tracing, torch.export solves the guards on dynamic sizes with sympy to suggest fixes for constraint
     violations. Sympy cannot solve a divisibility through nested floors (Xcodec's audio length must be a multiple of

@@ -13,7 +13,12 @@ from ..registration import register_executorch_backend
 # `@register_executorch_backend(name)` on `prepare_for_<name>(model) -> partitioners`.
 
 
-@register_executorch_backend("xnnpack")
+@register_executorch_backend(
+    "xnnpack",
+    model_side="Not a workaround: it is backend setup (selects XnnpackPartitioner, puts the model on the CPU and"
+               " casts floating tensors to float32 for XNNPACK's float path), so no upstream or modeling change "
+               "would remove it.",
+)
 def prepare_for_xnnpack(model):
     """XNNPACK: float32 on the CPU, delegated subgraphs where XNNPACK has kernels, the portable ops elsewhere."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
@@ -38,14 +43,22 @@ def warm_up_xnnpack() -> None:
         torch.set_num_threads(threads)
 
 
-@register_executorch_backend("portable")
+@register_executorch_backend(
+    "portable",
+    model_side="Not a workaround: it is backend setup (portable kernels only, no partitioner; the model is put "
+               "on the CPU and cast to float32), so no upstream or modeling change would remove it.",
+)
 def prepare_for_portable(model):
     """Portable: ExecuTorch's reference kernels only, no delegate."""
     model.to(device="cpu").float()
     return []
 
 
-@register_executorch_backend("cuda")
+@register_executorch_backend(
+    "cuda",
+    model_side="Not a workaround: it is backend setup (CudaPartitioner on a CUDA device, failing early when none"
+               " exists), so no upstream or modeling change would remove it.",
+)
 def prepare_for_cuda(model):
     """CUDA: the ExecuTorch CUDA delegate, which needs a CUDA device."""
     if not torch.cuda.is_available():

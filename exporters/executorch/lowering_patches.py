@@ -20,7 +20,10 @@ from ..rewrites import contiguity_asked_without_guards
 # `@register_patch("executorch", "executorch.<internal>")`: lowering steps that fail on valid graphs.
 
 # `to_edge` traces the program again, asking the same contiguity questions as the first trace
-@register_patch("executorch", "torch._prims_common.is_contiguous", reports=True)
+@register_patch(
+    "executorch", "torch._prims_common.is_contiguous", reports=True,
+    upstream="https://github.com/pytorch/pytorch/issues/165032",
+)
 def _patch_contiguity_asked_without_guards(original):
     """Tracing records whether each result is contiguous, asking torch's "false when unsure" contiguity test. That
     test still guards on a symbolic size whose example is 0, 1 or 2 (too few elements to matter, a dimension of one
@@ -56,6 +59,7 @@ def _xnnpack_check_refusing(original, refuses):
     "executorch.backends.xnnpack.partition.config.generic_node_configs.UnsqueezeCopyConfig.check_constraints",
     "executorch.backends.xnnpack.partition.config.node_configs.BatchNormConfig.check_constraints",
     reports=True,
+    upstream="https://github.com/pytorch/executorch/pull/2976",
 )
 def _patch_xnnpack_reshape_dynamic_axes(original):
     """XNNPACK takes a 1-D convolution or batch norm (it wraps them in unsqueeze/squeeze) or an unsqueeze with two
@@ -75,6 +79,7 @@ def _patch_xnnpack_reshape_dynamic_axes(original):
 @register_patch(
     "executorch", "executorch.backends.xnnpack.partition.config.generic_node_configs.GeluConfig.check_constraints",
     reports=True,
+    upstream="https://github.com/pytorch/executorch/pull/22851",
 )
 def _patch_xnnpack_exact_gelu_only(original):
     """XNNPACK serialises every GELU as the exact one and ignores `approximate="tanh"` (fixed after ExecuTorch
@@ -91,6 +96,10 @@ def _patch_xnnpack_exact_gelu_only(original):
     "executorch",
     "executorch.backends.xnnpack.partition.config.xnnpack_config.XNNPartitionerConfig.check_common_constraints",
     reports=True,
+    model_side="upstream change: the ExecuTorch XNNPACK partitioner "
+               "(XNNPartitionerConfig.check_common_constraints) should reject nodes whose inputs or outputs have"
+               " more than XNN_MAX_TENSOR_DIMS (6) axes instead of lowering them into a delegate that fails at "
+               "load with 'Failed to define tensor'.",
 )
 def _patch_xnnpack_rank_limit(original):
     """XNNPACK defines tensors of at most six axes, yet its partitioner takes a node of any rank: Perceiver's
@@ -110,6 +119,9 @@ def _patch_xnnpack_rank_limit(original):
     "executorch",
     "executorch.backends.xnnpack.partition.config.generic_node_configs.CloneDimOrderConfig.check_constraints",
     reports=True,
+    model_side="upstream change: the ExecuTorch XNNPACK delegate should handle a layout-keeping clone it removes"
+               " as a no-op when the copied value is also a partition output, instead of emitting the same value"
+               " twice as a partition output ('Output node ... is already in the inputs').",
 )
 def _patch_xnnpack_copies_of_shared_values(original):
     """XNNPACK takes a copy that keeps the layout, then removes it from its partition as a no-op: where the value it
@@ -124,6 +136,9 @@ def _patch_xnnpack_copies_of_shared_values(original):
     "executorch",
     "executorch.exir.backend.canonical_partitioners.group_partitioner.GroupBasedPartitioner.propose_partitions",
     reports=True,
+    model_side="upstream change: ExecuTorch's GroupBasedPartitioner should check the merged partitions together "
+               "for cycles (a ring across three or more partitions that each pass the pairwise check), not only "
+               "each pair, before lowering hits 'Invalid partition, found dependency cycles'.",
 )
 def _patch_partitions_out_of_rings(original):
     """XNNPACK's group partitioner merges any two partitions whose union no path leaves and re-enters, judged on the
@@ -199,7 +214,10 @@ def _reentered_nodes(partition, owner) -> list:
 
 
 @register_patch(
-    "executorch", "executorch.exir.verification.arg_validator.EdgeOpArgValidator.call_function", reports=True
+    "executorch", "executorch.exir.verification.arg_validator.EdgeOpArgValidator.call_function", reports=True,
+    model_side="upstream change: ExecuTorch's EdgeOpArgValidator.call_function should treat an op whose only "
+               "return is Tensor[] (split, unbind) as one list return instead of walking each tensor as a return"
+               " and taking len() of the first, which guards the dynamic first axis to its traced size.",
 )
 def _patch_edge_validator_list_return(original):
     """The edge dialect's dtype validator walks an op's lone `Tensor[]` return (split, unbind) as if each tensor
@@ -222,7 +240,13 @@ def _patch_edge_validator_list_return(original):
     return call_function
 
 
-@register_patch("executorch", "executorch.exir.program._program.EXIREdgeDialectVerifier", reports=True)
+@register_patch(
+    "executorch", "executorch.exir.program._program.EXIREdgeDialectVerifier", reports=True,
+    model_side="upstream change: ExecuTorch's EXIREdgeDialectVerifier should accept the Python symbolic "
+               "functions (torch.sym_float, sym_ite, sym_not, ...) that to_executorch already maps to "
+               "executorch_prim ops via _PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS, instead of rejecting them as "
+               "non-edge ops.",
+)
 def _patch_edge_verifier_python_symbolic_ops(original):
     """Size arithmetic traced as a Python function (NLLB-MoE's dynamic expert capacity, `torch.sym_float`; a tensor
     condition's `sym_ite`, a size's `sym_not` in the runtime asserts `to_edge` brings back when it traces again):
@@ -251,7 +275,13 @@ def _patch_edge_verifier_python_symbolic_ops(original):
     return EXIREdgeDialectVerifier
 
 
-@register_patch("executorch", "executorch.exir.emit._emitter._Emitter._emit_scan", reports=True)
+@register_patch(
+    "executorch", "executorch.exir.emit._emitter._Emitter._emit_scan", reports=True,
+    model_side="upstream change: ExecuTorch's emitter (_Emitter._emit_scan) should write scan carries with an op"
+               " that resizes its output (not copy_) and resize the stacked outputs to the current step's sizes "
+               "before et_copy_index, so scans whose carries have a dynamic axis run below the planned upper "
+               "bound.",
+)
 def _patch_scan_carries_resized(original):
     """ExecuTorch runs a `scan` as a loop that writes each carry into its buffer with `copy_`, which never resizes
     the buffer, and stacks each step's output with `et_copy_index`, which compares the step with the stack's
@@ -303,6 +333,10 @@ def _patch_scan_carries_resized(original):
     "executorch.exir.passes.replace_view_copy_with_view_pass.dim_order_from_stride",
     "executorch.exir.emit._emitter.dim_order_from_stride",
     reports=True,
+    model_side="upstream change: ExecuTorch's dim_order_from_stride should treat a symbolic stride that is an "
+               "exact multiple of the next (e.g. 8*(a+b) against 8, whose `% 8` the shape environment leaves "
+               "unresolved) as ordered, e.g. by checking that the quotient simplifies to a polynomial, so "
+               "data-dependent sizes don't make strides incomparable.",
 )
 def _patch_dim_order_of_contiguous_strides(original):
     """ExecuTorch orders a tensor's axes by sorting its strides. Strides holding a data-dependent size (the number
@@ -334,6 +368,10 @@ def _patch_dim_order_of_contiguous_strides(original):
     "executorch",
     "executorch.exir.passes.prune_empty_tensors_pass.PruneEmptyTensorsPass.remove_empty_tensors_from_cat",
     reports=True,
+    model_side="upstream change: ExecuTorch's PruneEmptyTensorsPass.remove_empty_tensors_from_cat should not "
+               "replace a cat of only-empty inputs by a `full` whose shape contains symbolic sizes (the emitter "
+               "cannot serialise them: 'Unsupported type encountered in int list'), or should build that shape "
+               "from graph nodes.",
 )
 def _patch_empty_cat_left_whole(original):
     """A `cat` of empty tensors only becomes a `full` of the cat's shape, written into the graph as size values: a
@@ -351,7 +389,10 @@ def _patch_empty_cat_left_whole(original):
     return remove_empty_tensors_from_cat
 
 
-@register_patch("executorch", "executorch.exir.passes.replace_view_copy_with_view_pass._is_view_copy", reports=True)
+@register_patch(
+    "executorch", "executorch.exir.passes.replace_view_copy_with_view_pass._is_view_copy", reports=True,
+    upstream="https://github.com/pytorch/executorch/issues/20008",
+)
 def _patch_views_as_dynamic_as_their_base(original):
     """ExecuTorch turns a `view_copy` into a view sharing its base's memory, and refuses one whose shape is static
     while its base's is dynamic ("_ViewSpec is incompatible with its base on creation"; BLT's patch starts, cut at a
@@ -382,6 +423,10 @@ _DATA_DEPENDENT_CEILING = 4096
     "executorch.exir.passes.sym_shape_eval_pass.eval_upper_bound",
     "executorch.exir.sym_util.eval_upper_bound",  # what `eval_shape_upper_bound` calls
     reports=True,
+    model_side="upstream change: ExecuTorch's eval_upper_bound (sym_util / sym_shape_eval_pass) should bound "
+               "size expressions tightly \u2014 treating a repeated symbol as one variable and not dividing the "
+               "numerator's top by the denominator's bottom independently \u2014 and fail rather than silently plan "
+               "the traced value when no finite bound is found.",
 )
 def _patch_sizes_bounded_exactly(original):
     """ExecuTorch plans memory for each size's upper bound, found by interval arithmetic over the expression: a
@@ -517,7 +562,11 @@ def _nondecreasing(expr, symbol, shape_env) -> bool:
 
 
 @register_patch(
-    "executorch", "executorch.exir.passes.sym_shape_eval_pass.ConstraintBasedSymShapeEvalPass.call", reports=True
+    "executorch", "executorch.exir.passes.sym_shape_eval_pass.ConstraintBasedSymShapeEvalPass.call", reports=True,
+    model_side="upstream change: torch's fake kernels for masked_select/nonzero (or ExecuTorch's "
+               "ConstraintBasedSymShapeEvalPass) should bound the selected-element count by the mask's own "
+               "element count (count <= mask.numel()), not by the largest mask alone, so memory planning does "
+               "not size the count to the global maximum.",
 )
 def _patch_counts_of_selected_elements_at_most_their_number(original):
     """A boolean mask's selection (`x[mask]`, `nonzero`) counts at most the mask's elements, yet the trace bounds the
@@ -562,7 +611,12 @@ def _patch_counts_of_selected_elements_at_most_their_number(original):
     return call
 
 
-@register_patch("executorch", "torch.export.exported_program._convert_guards_to_code", reports=True)
+@register_patch(
+    "executorch", "torch.export.exported_program._convert_guards_to_code", reports=True,
+    model_side="upstream change: torch.export should not render every shape-environment guard to Python code "
+               "(_convert_guards_to_code) for each ExportedProgram a backend creates per lowered partition, e.g."
+               " by generating the code lazily when .module() needs it.",
+)
 def _patch_guards_left_unprinted(original):
     """Each partition a backend lowers becomes an ExportedProgram, which prints every guard of the shared shape
     environment as Python, kept only to check the inputs of its `.module()`: the lowered program never runs them. A
@@ -580,7 +634,10 @@ def _patch_guards_left_unprinted(original):
     return convert_guards_to_code
 
 
-@register_patch("executorch", "torch.fx.traceback.NodeSource.__init__")
+@register_patch(
+    "executorch", "torch.fx.traceback.NodeSource.__init__",
+    upstream="https://github.com/pytorch/pytorch/pull/193051",
+)
 def _patch_node_history_shared(original):
     """A node made from another records its source with a deep copy of the source's whole history. Every pass of
     `to_edge`, and of each partition XNNPACK lowers, adds a step to every history, so the copies grow with the
@@ -596,7 +653,13 @@ def _patch_node_history_shared(original):
     return __init__
 
 
-@register_patch("executorch", "executorch.exir.tensor.TensorSpec.from_tensor", reports=True)
+@register_patch(
+    "executorch", "executorch.exir.tensor.TensorSpec.from_tensor", reports=True,
+    model_side="upstream change: ExecuTorch's TensorSpec.from_tensor (dim-order derivation) should give tensors "
+               "of fewer than four axes the contiguous dim order, as its kernels write them, instead of sorting "
+               "strides that follow eager's transposed nonzero layout ((1, 0) dim orders, or unsortable "
+               "data-dependent strides).",
+)
 def _patch_contiguous_order_below_four_axes(original):
     """ExecuTorch orders a tensor's axes by sorting its strides, yet below four axes it has no order but the
     contiguous one (channels last needs four), and its kernels write their outputs so. `nonzero`'s [count, rank]

@@ -19,7 +19,10 @@ from ..rewrites import contiguous_copy
 # `@register_fx_node_fix("executorch")`: `fix(graph_module, node) -> bool`.
 
 
-@register_fx_node_fix("executorch")
+@register_fx_node_fix(
+    "executorch",
+    upstream="https://github.com/pytorch/pytorch/issues/136543",
+)
 def _fix_attention_output_layout(graph_module, node) -> bool:
     """The trace takes SDPA's output strides from its fake kernel; to_edge's SDPA decomposition returns other
     strides, and a `view` the trace recorded downstream no longer fits ("Cannot view a tensor with shape [2, 7, 32]
@@ -67,7 +70,10 @@ _CONVOLUTIONS = {
 }
 
 
-@register_fx_node_fix("executorch")
+@register_fx_node_fix(
+    "executorch",
+    upstream="https://github.com/pytorch/executorch/issues/11704",
+)
 def _fix_patchify_conv3d(graph_module, node) -> bool:
     """Video and Qwen-VL patch embeddings are a 3-D convolution whose stride is its kernel (tubelets, or patches
     cut beforehand). ExecuTorch's portable convolution takes only 3-D and 4-D inputs and XNNPACK has no 3-D one:
@@ -115,7 +121,13 @@ def _fix_patchify_conv3d(graph_module, node) -> bool:
     return True
 
 
-@register_fx_node_fix("executorch")
+@register_fx_node_fix(
+    "executorch",
+    model_side="upstream change: the ExecuTorch XNNPACK partitioner (MaxDimConfig) should only claim max.dim "
+               "when its lowering can handle it (dims 2/3 with keepdim on 4-D), and the lowered max feeding a "
+               "softmax must match eager, instead of taking any 4-D max.dim and then failing ('amax.default only"
+               " supports dim == 2 or dim == 3') or producing wrong values.",
+)
 def _fix_max_for_xnnpack(graph_module, node) -> bool:
     """XNNPACK's partitioner takes `max.dim` on any 4-D input; its lowering accepts only the dims 2 and 3 with the
     reduced axis kept ("amax.default only supports dim == 2 or dim == 3": GPT-OSS's attention sinks over
@@ -153,7 +165,12 @@ def _widen_by_a_leading_axis(graph, node, *args) -> None:
             consumer.replace_input_with(output, narrowed)
 
 
-@register_fx_node_fix("executorch")
+@register_fx_node_fix(
+    "executorch",
+    model_side="upstream change: the ExecuTorch XNNPACK partitioner should not claim a 2-D max pool on an "
+               "unbatched (C, H, W) input, or its channels-last pass should add the batch axis itself, instead "
+               "of failing with 'Attempting to convert non-NHWC compatible node to NHWC'.",
+)
 def _fix_unbatched_pool_for_xnnpack(graph_module, node) -> bool:
     """A 2-D max pool of an unbatched (channels, height, width) input: XNNPACK's partitioner takes it, and its
     channels-last pass, which needs a batch axis, refuses it ("Attempting to convert non-NHWC compatible node to
@@ -166,7 +183,12 @@ def _fix_unbatched_pool_for_xnnpack(graph_module, node) -> bool:
     return True
 
 
-@register_fx_node_fix("executorch")
+@register_fx_node_fix(
+    "executorch",
+    model_side="upstream change: the ExecuTorch XNNPACK partitioner should only claim prelu on 4-D inputs (or "
+               "its channels-last pass should reshape 2-D/3-D inputs), instead of failing with 'Attempting to "
+               "convert non-NHWC compatible node to NHWC'.",
+)
 def _fix_prelu_for_xnnpack(graph_module, node) -> bool:
     """XNNPACK's partitioner takes `prelu` of any rank but lowers it channels-last, which only a 4-D input has
     ("Attempting to convert non-NHWC compatible node to NHWC": DAB-DETR's PReLU after a linear, on 3-D tokens). A
@@ -190,7 +212,11 @@ def _fix_prelu_for_xnnpack(graph_module, node) -> bool:
     return True
 
 
-@register_fx_node_fix("executorch")
+@register_fx_node_fix(
+    "executorch",
+    model_side="upstream change: ExecuTorch's portable constant_pad_nd kernel should support negative padding "
+               "(cropping), as aten does, instead of rejecting it ('Padding values must be non-negative').",
+)
 def _fix_negative_padding_as_slice(graph_module, node) -> bool:
     """A negative pad crops, which the portable `constant_pad_nd` kernel refuses at run time ("Padding values must
     be non-negative"; RWKV's time shift pads one step in front and drops the last). The crops become slices, and
@@ -219,7 +245,12 @@ def _fix_negative_padding_as_slice(graph_module, node) -> bool:
     return True
 
 
-@register_fx_node_fix("executorch")
+@register_fx_node_fix(
+    "executorch",
+    model_side="VideoMAEDecoder.forward should take its last return_token_num tokens as hidden_states[:, "
+               "hidden_states.shape[1] - return_token_num:] instead of hidden_states[:, -return_token_num:], so "
+               "the data-dependent slice start is not negative.",
+)
 def _fix_tail_slice_of_a_count_from_the_front(graph_module, node) -> bool:
     """`x[:, -count:]` with a count read from data (VideoMAE's decoder keeps the last `masked` tokens) starts at
     `-count`, and to_edge's slice decomposition asks whether that start is negative: "Could not guard on
@@ -244,7 +275,12 @@ def _fix_tail_slice_of_a_count_from_the_front(graph_module, node) -> bool:
     return True
 
 
-@register_fx_node_fix("executorch")
+@register_fx_node_fix(
+    "executorch",
+    model_side="upstream change: ExecuTorch's memory-format pass should keep the symbolic sizes of the `empty` "
+               "that torch's circular-padding decomposition fills (its _empty_dim_order takes int[] not "
+               "SymInt[]), so a circularly padded convolution keeps its dynamic batch.",
+)
 def _fix_circular_padding_as_concatenation(graph_module, node) -> bool:
     """to_edge decomposes circular padding into an `empty` it fills, and the memory-format pass pins that `empty`'s
     symbolic sizes (Informer's token convolution pads circularly: its batch came out fixed). Wrapping around is
@@ -273,7 +309,11 @@ def _fix_circular_padding_as_concatenation(graph_module, node) -> bool:
 _INDEXED_SCATTERS = (torch.ops.aten.scatter_add.default, torch.ops.aten.scatter_add_.default)
 
 
-@register_fx_node_fix("executorch")
+@register_fx_node_fix(
+    "executorch",
+    model_side="upstream change: ExecuTorch's edge dialect (and portable scatter kernels) should accept an int32"
+               " index for scatter ops, as aten does, instead of rejecting the program with 'mismatched dtypes'.",
+)
 def _fix_scatter_index_as_int64(graph_module, node) -> bool:
     """ExecuTorch's edge dialect takes a scatter's index as int64 only and rejects the program otherwise ("mismatched
     dtypes"); GLM-5 Next counts its selected keys by an int32 index. The same index, widened."""
@@ -286,7 +326,12 @@ def _fix_scatter_index_as_int64(graph_module, node) -> bool:
     return True
 
 
-@register_fx_node_fix("executorch")
+@register_fx_node_fix(
+    "executorch",
+    model_side="upstream change: ExecuTorch should plan an alias/alias_copy output in its input's dim order (or "
+               "emit a dim-order-converting copy) instead of the default order, so a copy after a channels-last "
+               "kernel doesn't fail with '2 input tensors have different dim orders'.",
+)
 def _fix_alias_as_its_input(graph_module, node) -> bool:
     """A slice that keeps everything traces as `alias`, which ExecuTorch runs as a copy whose output it plans in the
     default dim order: when the input comes from a channels-last kernel, the copy refuses the mismatch at run time
@@ -304,7 +349,12 @@ def _fix_alias_as_its_input(graph_module, node) -> bool:
     return True
 
 
-@register_fx_node_fix("executorch")
+@register_fx_node_fix(
+    "executorch",
+    model_side="upstream change: ExecuTorch should plan a slice_copy of a channels-last tensor in its input's "
+               "dim order (as eager's view keeps it), or have the portable slice_copy kernel convert dim orders,"
+               " instead of planning it contiguous and failing tensors_have_same_dim_order (0x12).",
+)
 def _fix_slice_of_channels_last_from_a_contiguous_copy(graph_module, node) -> bool:
     """A slice of a channels-last tensor (a convolution's output over permuted tokens) is a view in eager; ExecuTorch
     runs it as `slice_copy`, whose output it plans contiguous, and its kernel refuses to copy between dim orders
@@ -331,7 +381,12 @@ def _has_no_elements(node) -> bool:
     return value is not None and any(isinstance(size, int) and size == 0 for size in value.shape)
 
 
-@register_fx_node_fix("executorch")
+@register_fx_node_fix(
+    "executorch",
+    model_side="upstream change: ExecuTorch's portable cat kernel should compute the output size from every "
+               "non-skipped input (including a zero-width one of full rank), skipping only the legacy 1-D empty "
+               "tensors, so cat((empty_1d, x_with_zero_width)) keeps x's shape.",
+)
 def _fix_empty_cat_as_its_tensor(graph_module, node) -> bool:
     """A cache that starts as a 1-D tensor of no elements, which `cat` passes over, concatenated with a step's tensor
     of zero width (MistralLarge 4's layers without rope): the runtime's `cat` adds up the lengths of the tensors that
@@ -348,7 +403,12 @@ def _fix_empty_cat_as_its_tensor(graph_module, node) -> bool:
     return True
 
 
-@register_fx_node_fix("executorch")
+@register_fx_node_fix(
+    "executorch",
+    model_side="upstream change: ExecuTorch should lay out nonzero's [count, rank] output by rows (contiguous "
+               "dim order), matching what its kernel writes, instead of deriving a (1, 0) dim order from eager's"
+               " transposed strides ('Failed to map a given dim_order').",
+)
 def _fix_nonzero_laid_out_by_rows(graph_module, node) -> bool:
     """`nonzero` of a matrix or more gives [count, rank] strided like a transposed tensor, as eager does, while the
     runtime's kernel writes it row by row. The strides spread to the ops that read it, and ExecuTorch turns strides
@@ -368,7 +428,12 @@ def _fix_nonzero_laid_out_by_rows(graph_module, node) -> bool:
     return True
 
 
-@register_fx_node_fix("executorch")
+@register_fx_node_fix(
+    "executorch",
+    model_side="upstream change: ExecuTorch's integer remainder (the portable remainder kernels and the "
+               "executorch_prim mod for sizes) should follow torch's floored semantics (result takes the "
+               "divisor's sign) instead of C's truncated `%`.",
+)
 def _fix_integer_remainder_sign(graph_module, node) -> bool:
     """The runtime's integer `remainder` keeps the dividend's sign, as C's `%` does (-1 % 4 gives -1, eager 3):
     EfficientLoFTR places an unmatched keypoint, index -1, a whole image width to the left. Where the remainder
@@ -434,7 +499,12 @@ def _fft_arguments(node) -> tuple:
     return named["self"], named.get("n"), named.get("dim", -1), named.get("norm")
 
 
-@register_fx_node_fix("executorch")
+@register_fx_node_fix(
+    "executorch",
+    model_side="AutoformerAttention should compute its autocorrelation (irfft(rfft(q) * conj(rfft(k)))) with "
+               "real ops \u2014 the circular correlation as a gather, product and sum \u2014 so no complex tensors or "
+               "_conj_copy reach to_edge.",
+)
 def _fix_fft_cross_correlation_as_real_sum(graph_module, node) -> bool:
     """Autoformer finds its periods by the cross-correlation theorem, ``irfft(rfft(q) * conj(rfft(k)))``: complex
     tensors, which to_edge refuses ("_conj_copy does not support automatic differentiation"). The same circular
@@ -480,7 +550,11 @@ def _fix_fft_cross_correlation_as_real_sum(graph_module, node) -> bool:
     return True
 
 
-@register_fx_node_fix("executorch")
+@register_fx_node_fix(
+    "executorch",
+    model_side="SpeechT5SpeechDecoderPrenet._consistent_dropout should return its input unchanged when p is 0 "
+               "(and skip the torch.bernoulli draw), since it keeps dropout in eval mode.",
+)
 def _fix_certain_bernoulli(graph_module, node) -> bool:
     """`bernoulli` is not in the Core ATen opset. With a probability of 0 or 1 it draws nothing at random: zeros or
     ones (SpeechT5's decoder prenet keeps its dropout in eval mode, with p = 0 here)."""
@@ -506,7 +580,11 @@ def _scaled_by_zero(node) -> bool:
     return bool(node.users)
 
 
-@register_fx_node_fix("executorch")
+@register_fx_node_fix(
+    "executorch",
+    model_side="VitsModel.forward (and the stochastic duration predictor) should skip drawing torch.randn_like "
+               "noise when noise_scale / noise_scale_duration is 0 instead of multiplying the draw by zero.",
+)
 def _fix_noise_scaled_by_zero(graph_module, node) -> bool:
     """The runtime draws nothing at random ("randn_like is not in Core ATen"). Noise whose scale is 0 (VITS with
     `noise_scale=0`, as the sweep runs it to compare with eager) is multiplied away: zeros give the same numbers,
@@ -523,7 +601,12 @@ def _fix_noise_scaled_by_zero(graph_module, node) -> bool:
 _NARROW_INTEGERS = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32)
 
 
-@register_fx_node_fix("executorch")
+@register_fx_node_fix(
+    "executorch",
+    model_side="upstream change: ExecuTorch's portable kernel library should implement the Core ATen op "
+               "aten.sort (values, and the stable variant with its tie order) so programs that sort or argsort "
+               "load without OperatorMissing.",
+)
 def _fix_sort_as_topk(graph_module, node) -> bool:
     """The runtime has no sort kernel, so a program that sorts fails to load ("OperatorMissing"; ViTMAE's random
     masking argsorts its noise, SAM-HQ sorts its point scores). Sorting is a top-k of every element along the
@@ -567,7 +650,12 @@ def _ranked_with_position_tie_break(graph, source, dim, length, descending):
     return _call(graph, aten.sub.Tensor if descending else aten.add.Tensor, scaled, positions)
 
 
-@register_fx_node_fix("executorch")
+@register_fx_node_fix(
+    "executorch",
+    model_side="upstream change: ExecuTorch's memory-format pass should emit dim_order_ops._empty_dim_order with"
+               " SymInt[] sizes (its schema takes int[]), so converting `empty` keeps dynamic sizes symbolic "
+               "instead of pinning them.",
+)
 def _fix_empty_of_symbolic_size(graph_module, node) -> bool:
     """ExecuTorch's memory-format pass turns `empty` into `dim_order_ops._empty_dim_order`, whose size is `int[]`,
     not `SymInt[]`: converting a dynamic size to int pins it (DeepSeek-V2's MLA `new_empty` pinned batch and
@@ -584,7 +672,12 @@ def _fix_empty_of_symbolic_size(graph_module, node) -> bool:
     return True
 
 
-@register_fx_node_fix("executorch")
+@register_fx_node_fix(
+    "executorch",
+    model_side="upstream change: ExecuTorch should lower the runtime assert of a tensor condition "
+               "(item(_is_all_true(c)) -> sym_ite -> _assert_scalar) to a runtime check or drop it, instead of "
+               "evaluating sym_ite in Python during lowering and failing on the data-dependent guard.",
+)
 def _fix_tensor_condition_assert(graph_module, node) -> bool:
     """A check on a tensor condition (`torch._check_tensor_all`: vision-language models compare their image-token
     count with their feature count) traces as `item(_is_all_true(c))` turned into an integer by `sym_ite` and
@@ -600,7 +693,12 @@ def _fix_tensor_condition_assert(graph_module, node) -> bool:
     return True
 
 
-@register_fx_node_fix("executorch")
+@register_fx_node_fix(
+    "executorch",
+    model_side="T5ForSequenceClassification.forward should check that every example has the same number of EOS "
+               "tokens without torch.unique_consecutive (e.g. torch._check((counts == counts[0]).all()) or "
+               "comparing min and max), since unique_consecutive is not Core ATen.",
+)
 def _fix_size_only_check(graph_module, node) -> bool:
     """A tensor computed only to assert on its length: T5's classification head checks that every example has as
     many EOS tokens with `len(unique_consecutive(counts)) == 1`. `unique_consecutive` is not in Core ATen, so

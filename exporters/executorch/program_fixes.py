@@ -20,7 +20,11 @@ _DYNAMIC_GROWTH = 4
 _DYNAMIC_FLOOR = 32
 
 
-@register_fx_program_fix("executorch")
+@register_fx_program_fix(
+    "executorch",
+    model_side="upstream change: ExecuTorch's memory planning should refuse (or plan dynamically) a dynamic axis"
+               " with no finite upper bound instead of silently planning its traced size.",
+)
 def _fix_unbounded_dynamic_axes(exported_program) -> bool:
     """ExecuTorch plans memory for a dynamic axis' upper bound; an unbounded axis gets only its traced size.
 
@@ -100,7 +104,10 @@ def _position_ceiling(node):
     return None
 
 
-@register_fx_program_fix("executorch")
+@register_fx_program_fix(
+    "executorch",
+    upstream="https://github.com/pytorch/executorch/issues/7998",
+)
 def _fix_counts_read_from_data_bounded(exported_program) -> bool:
     """A number read from data has no known range, and to_edge's slice decomposition asks whether a slice's end is
     negative (counted from the back) or past the axis: "Could not guard on data-dependent expression u22 < 0", or
@@ -137,7 +144,12 @@ def _fix_counts_read_from_data_bounded(exported_program) -> bool:
     return changed
 
 
-@register_fx_program_fix("executorch")
+@register_fx_program_fix(
+    "executorch",
+    model_side="upstream change: to_edge's re-trace should not rebind an unbacked slice-length symbol to the "
+               "count it equals (failing with 'possible memo disaster'); torch.export should give x[:, :count] "
+               "the count itself as its length once count <= width is known.",
+)
 def _fix_slices_to_a_count_as_long_as_it(exported_program) -> bool:
     """The trace gave ``x[:, :count]`` a fresh unknown length: it could not tell the count from the width. Once
     the count is known not to exceed the width (above), a retrace finds the count itself as that length, and

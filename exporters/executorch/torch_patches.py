@@ -17,7 +17,12 @@ from ..rewrites import resize_weights, running_extremes_by_comparison
 
 
 # the runtime has no running maximum or minimum either (Grounding DINO's special-token spans)
-@register_patch("executorch", "torch.cummax", "torch.cummin")
+@register_patch(
+    "executorch", "torch.cummax", "torch.cummin",
+    model_side="upstream change: ExecuTorch should accept aten.cummax/aten.cummin (not Core ATen, no portable "
+               "kernel) \u2014 either via a core-ATen decomposition in torch or a portable kernel plus an "
+               "edge-dialect exception.",
+)
 def _patch_running_extremes_by_comparison(original):
     """ONNX has no running maximum or minimum, and torch.onnx no function for `cummax` or `cummin` (Grounding DINO
     finds each token's previous and next special tokens by them). Position i's extreme is that of the row with the
@@ -26,7 +31,10 @@ def _patch_running_extremes_by_comparison(original):
     return running_extremes_by_comparison(original)
 
 
-@register_patch("executorch", "torch.nn.functional.conv3d", reports=True)
+@register_patch(
+    "executorch", "torch.nn.functional.conv3d", reports=True,
+    upstream="https://github.com/pytorch/executorch/issues/11704",
+)
 def _patch_conv3d_as_frames_of_conv2d(original):
     """The portable convolution takes 3-D and 4-D inputs only ("Expect input tensor to be 3-D or 4-D, but got, 5";
     Emu3's video VQ-VAE). A 3-D convolution is the sum over the kernel's frames of 2-D convolutions, each of the
@@ -64,7 +72,10 @@ def _patch_conv3d_as_frames_of_conv2d(original):
     return conv3d
 
 
-@register_patch("executorch", "torch.bucketize")
+@register_patch(
+    "executorch", "torch.bucketize",
+    upstream="https://github.com/pytorch/executorch/issues/20270",
+)
 def _patch_bucketize_as_comparison(original):
     """`bucketize` is not in the Core ATen opset the edge dialect checks, and the portable runtime has no kernel
     for it (https://github.com/pytorch/executorch/issues/20270; Idefics3's patch positions). A bucket index is
@@ -78,7 +89,10 @@ def _patch_bucketize_as_comparison(original):
     return bucketize
 
 
-@register_patch("executorch", "torch.searchsorted")
+@register_patch(
+    "executorch", "torch.searchsorted",
+    upstream="https://github.com/pytorch/pytorch/issues/151793",
+)
 def _patch_searchsorted_as_comparison(original):
     """`searchsorted` is not in the Core ATen opset either (Music Flamingo maps its encoder rows to their audio
     samples by it): the same count as `bucketize`'s, per sorted row."""
@@ -101,7 +115,13 @@ def _insertion_points(sorted_rows, values, right, out_int32):
     return below.sum(dim=-1, dtype=torch.int32 if out_int32 else torch.int64)
 
 
-@register_patch("executorch", "torch.repeat_interleave", "torch.Tensor.repeat_interleave")
+@register_patch(
+    "executorch", "torch.repeat_interleave", "torch.Tensor.repeat_interleave",
+    model_side="upstream change: torch/ExecuTorch should let repeat_interleave with a tensor of counts "
+               "(aten.repeat_interleave.Tensor, dynamic_output_shape, not Core ATen) pass to_edge \u2014 ExecuTorch "
+               "already has a repeat_interleave.Tensor_out portable kernel \u2014 and to_edge's re-trace should not "
+               "fail on the symbolic output size ('Cannot cast FakeTensor ... to number').",
+)
 def _patch_repeat_interleave_as_gather(original):
     """`repeat_interleave` with a tensor of counts (vision towers' per-image boundaries and indices, computed from
     the image grid) is not in the Core ATen opset. Output position p takes the element whose running count first
@@ -124,7 +144,11 @@ def _patch_repeat_interleave_as_gather(original):
     return repeat_interleave
 
 
-@register_patch("executorch", "torch.randint")
+@register_patch(
+    "executorch", "torch.randint",
+    model_side="upstream change: torch's Core ATen decompositions (or ExecuTorch's edge passes) should lower "
+               "aten.randint/randint.low to the core aten.rand ops ExecuTorch has kernels for.",
+)
 def _patch_randint_as_scaled_rand(original):
     """`randint` is not in the Core ATen opset; `rand` is, and the runtime has its kernel. The same uniform
     integers in [low, high) as floor(rand * (high - low)) + low, drawn in float64 so every range below 2**53 is
@@ -142,7 +166,11 @@ def _patch_randint_as_scaled_rand(original):
     return randint
 
 
-@register_patch("executorch", "torch.nn.functional.interpolate", reports=True)
+@register_patch(
+    "executorch", "torch.nn.functional.interpolate", reports=True,
+    model_side="upstream change: ExecuTorch should accept and implement aten._upsample_bicubic2d_aa (portable "
+               "kernel plus edge-dialect allowance), as it already does for _upsample_bilinear2d_aa.",
+)
 def _patch_antialiased_resize_as_matmuls(original):
     """The antialiased bicubic resize (`_upsample_bicubic2d_aa`) is not in the Core ATen opset, and ExecuTorch has
     no kernel for it (it has the bilinear one); UnlimitedOCR's tower resizes its position grid so. The resize is
@@ -167,7 +195,11 @@ def _patch_antialiased_resize_as_matmuls(original):
     return interpolate
 
 
-@register_patch("executorch", "torch.nn.functional.embedding_bag")
+@register_patch(
+    "executorch", "torch.nn.functional.embedding_bag",
+    model_side="upstream change: ExecuTorch's portable kernel library should implement the Core ATen op "
+               "aten._embedding_bag.",
+)
 def _patch_embedding_bag_as_gather(original):
     """The portable runtime has no `_embedding_bag` kernel (Kimi-K2.5's position embedding gathers interpolation
     taps with it). Fixed-size bags (a 2-D input) are a gather and a weighted sum or mean over the bag axis."""
@@ -183,7 +215,10 @@ def _patch_embedding_bag_as_gather(original):
     return embedding_bag
 
 
-@register_patch("executorch", "torch.scatter_reduce", "torch.Tensor.scatter_reduce")
+@register_patch(
+    "executorch", "torch.scatter_reduce", "torch.Tensor.scatter_reduce",
+    upstream="https://github.com/pytorch/executorch/issues/11330",
+)
 def _patch_scatter_reduce_as_dense(original):
     """The portable runtime has no `scatter_reduce` kernel (TAPAS reduces its table cells per segment with it, BLT
     its bytes' states per patch). Along the scattered axis each output slot reduces the sources whose index is that
@@ -227,7 +262,12 @@ def _dft_angles(frequencies, size, like):
     return (rows[:, None] * columns[None, :] % size).to(like.dtype) * (2 * math.pi / size)  # exact turns first
 
 
-@register_patch("executorch", "transformers.models.fnet.modeling_fnet.FNetBasicFourierTransform.forward")
+@register_patch(
+    "executorch", "transformers.models.fnet.modeling_fnet.FNetBasicFourierTransform.forward",
+    model_side="FNetBasicFourierTransform should compute the real part of its 2-D DFT with real cosine/sine "
+               "matrix products (C\u00b7X\u00b7C\u1d40 \u2212 S\u00b7X\u00b7S\u1d40) instead of torch.fft.fftn(...).real (or its complex64 "
+               "DFT-matrix path), so no complex tensor or _fft_c2c is traced.",
+)
 def _patch_fnet_fourier_as_matmul(original):
     """FNet mixes tokens with the real part of a 2-D FFT over sequence and hidden axes; complex FFTs are not in the
     Core ATen opset (`_fft_c2c`). For a real input that real part is C X C' - S X S', with C and S the cosines and
@@ -262,6 +302,9 @@ def _inverse_real_dft_basis(size, like):
     "executorch",
     "transformers.models.neucodec.modeling_neucodec.NeuCodecISTFTHead.forward",
     "transformers.models.xcodec2.modeling_xcodec2.Xcodec2ISTFTHead.forward",
+    model_side="NeuCodecISTFTHead and Xcodec2ISTFTHead should build the inverse-FFT frames from "
+               "magnitude\u00b7cos/sin(phase) with real matrix products (and overlap-add by a real op) instead of "
+               "torch.polar + torch.fft.irfft on a complex spectrum.",
 )
 def _patch_vocos_istft_as_real_products(_original):
     """NeuCodec's and X-Codec 2's heads (Vocos') make a complex spectrum of magnitude and phase (`torch.polar`),

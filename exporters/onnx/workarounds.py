@@ -31,7 +31,12 @@ from ..stages import StageLog
 # `@register_patch("onnx", "torch.<op>")`: replace a torch op the ONNX lowering cannot take as the model calls it.
 
 
-@register_patch("onnx", "torch.cummax", "torch.cummin")
+@register_patch(
+    "onnx", "torch.cummax", "torch.cummin",
+    model_side="upstream change: onnxscript's torchlib should implement aten::cummax/aten::cummin (both still "
+               "raise NotImplementedError in onnxscript 0.7.2), e.g. as a comparison-based or Scan-based running"
+               " extreme, so torch.onnx can translate them.",
+)
 def _patch_running_extremes_by_comparison(original):
     """ONNX has no running maximum or minimum, and torch.onnx no function for `cummax` or `cummin` (Grounding DINO
     finds each token's previous and next special tokens by them). Position i's extreme is that of the row with the
@@ -56,7 +61,13 @@ def conversion_log(log: StageLog):
         _ACTIVE_LOG.reset(token)
 
 
-@register_patch("onnx", "torch.onnx._internal.exporter._core._prepare_exported_program_for_export")
+@register_patch(
+    "onnx", "torch.onnx._internal.exporter._core._prepare_exported_program_for_export",
+    model_side="upstream change: torch.onnx's decomposition step (_prepare_exported_program_for_export / "
+               "run_decompositions) should not introduce nodes its own translator cannot handle (rsub.Scalar "
+               "rewritten to sub.Tensor with a Python number, SDPA decomposed to a layout its recorded views "
+               "refuse), so the project's FX node fixes need not be re-run after it.",
+)
 def _patch_refix_after_decompositions(original):
     """Decompositions add nodes (shape guards, aliases) after stage 3 ran: run the FX node fixes on them too."""
 
@@ -77,7 +88,12 @@ def _patch_refix_after_decompositions(original):
 CONVERSION_HOOK = _patch_refix_after_decompositions.__name__  # a hook of the exporter's stages, not a workaround
 
 
-@register_patch("onnx", "torch.onnx._internal.exporter._core._handle_output_node", reports=True)
+@register_patch(
+    "onnx", "torch.onnx._internal.exporter._core._handle_output_node", reports=True,
+    model_side="upstream change: torch.onnx's _handle_output_node should accept program outputs that are Python "
+               "numbers (constant int/float outputs of an ExportedProgram) instead of failing with \"'int' object"
+               " has no attribute 'name'\".",
+)
 def _patch_constant_outputs_left_out(original):
     """The translator takes every output of the program for a node, and fails on a Python number (`'int' object has
     no attribute 'name'`). The numbers are not computed: left out of the graph, as from its output names."""
@@ -101,8 +117,11 @@ def _patch_constant_outputs_left_out(original):
 _MIN_MAX_RULES = "onnxscript.rewriter.rules.common._min_max_to_clip"
 
 
-@register_patch("onnx", *(f"{_MIN_MAX_RULES}.{rule}.compute_constants" for rule in (
-    "FuseSuccessiveMin", "FuseSuccessiveMax", "FuseMaxMinToClip", "FuseMinMaxToClip")), reports=True)
+@register_patch(
+    "onnx", *(f"{_MIN_MAX_RULES}.{rule}.compute_constants" for rule in (
+    "FuseSuccessiveMin", "FuseSuccessiveMax", "FuseMaxMinToClip", "FuseMinMaxToClip")), reports=True,
+    upstream="https://github.com/microsoft/onnxscript/issues/2079",
+)
 def _patch_fused_bounds_named_by_their_node(original):
     """The optimizer fuses `Min`/`Max` pairs into one op whose bounds become initializers named after its input
     (`x_min`, `x_max`). Two fusions on one input (Gemma 4's audio tower clamps one activation three ways) name
@@ -119,7 +138,11 @@ def _patch_fused_bounds_named_by_their_node(original):
 
 
 @register_patch(
-    "onnx", "onnxscript.optimizer._constant_folding.PartialEvaluatorRegistry.lookup_evaluators", reports=True
+    "onnx", "onnxscript.optimizer._constant_folding.PartialEvaluatorRegistry.lookup_evaluators", reports=True,
+    model_side="upstream change: onnxscript's SplitToSequence constant-folding evaluator "
+               "(optimizer/_constant_folding.py split_to_sequence) should leave the node alone when `split` is a"
+               " scalar with a static shape but no constant value, instead of dereferencing `split_value.ndim` "
+               "on None.",
 )
 def _patch_split_by_a_symbolic_size_left_unfolded(original):
     """The optimizer turns `SplitToSequence` into `Split`s when it knows the split sizes or their count. A split
@@ -155,7 +178,12 @@ def _patch_split_by_a_symbolic_size_left_unfolded(original):
     return lookup_evaluators
 
 
-@register_patch("onnx", "onnxscript.rewriter._matcher.SimplePatternMatcher._match_constant", reports=True)
+@register_patch(
+    "onnx", "onnxscript.rewriter._matcher.SimplePatternMatcher._match_constant", reports=True,
+    model_side="upstream change: onnxscript's no-op rewrite rules (x+0, x-0, x*1, x/1) should match a constant "
+               "only when it is exactly the identity value, not within the pattern matcher's default absolute "
+               "tolerance (math.isclose abs_tol), which deletes small epsilons such as 1e-8.",
+)
 def _patch_optimizer_zero_means_zero(original):
     """The optimizer's no-op rules (`x + 0`, `x - 0` -> `x`) match constants within an absolute tolerance of 1e-8,
     so they delete the epsilon of a norm or a division guard written as `+ 1e-8` or `+ 1e-15` (Muse Spark's audio
@@ -176,7 +204,10 @@ def _patch_optimizer_zero_means_zero(original):
 # `@register_fx_node_fix("onnx")`: `fix(graph_module, node) -> bool`, True when it rewrote the node.
 
 
-@register_fx_node_fix("onnx")
+@register_fx_node_fix(
+    "onnx",
+    upstream="https://github.com/pytorch/pytorch/issues/194381",
+)
 def _fix_number_minus_tensor(graph_module, node) -> bool:
     """`1.0 - mask` traces as `rsub.Scalar(mask, 1.0)`, which the ONNX decompositions rewrite into
     `sub.Tensor(1.0, mask)`, a number where the schema wants a tensor: no overload matches ("Cannot find a
@@ -193,7 +224,10 @@ def _fix_number_minus_tensor(graph_module, node) -> bool:
     return True
 
 
-@register_fx_node_fix("onnx")
+@register_fx_node_fix(
+    "onnx",
+    upstream="https://github.com/pytorch/pytorch/issues/141107",
+)
 def _fix_reshape_of_strided_view(graph_module, node) -> bool:
     """`reshape` of a transposed tensor: decompositions turn it into a `view` that their own strides then refuse.
 
@@ -213,7 +247,12 @@ def _fix_reshape_of_strided_view(graph_module, node) -> bool:
     return True
 
 
-@register_fx_node_fix("onnx")
+@register_fx_node_fix(
+    "onnx",
+    model_side="upstream change: onnxscript's torchlib aten_squeeze_dim/aten_squeeze_dims should follow torch "
+               "semantics and not emit an ONNX Squeeze for an axis whose size is (or may be) other than 1 \u2014 "
+               "return the input for axes statically known not to be 1 and guard dynamic ones.",
+)
 def _fix_squeeze_of_a_longer_axis(graph_module, node) -> bool:
     """`squeeze(dim)` leaves an axis longer than 1 as it is; torch.onnx still emits a Squeeze of it, which ONNX
     Runtime refuses when it loads or runs the model ("Dimension of input 0 must be 1 instead of 8"; Mistral 3's
@@ -237,7 +276,12 @@ def _fix_squeeze_of_a_longer_axis(graph_module, node) -> bool:
     return True
 
 
-@register_fx_node_fix("onnx")
+@register_fx_node_fix(
+    "onnx",
+    model_side="upstream change: onnxscript's torchlib aten_remainder_scalar should accept a symbolic (SymInt) "
+               "divisor, turning it into a tensor instead of building ir.tensor(other) from a Python number, so "
+               "`x % n` with a dynamic size translates.",
+)
 def _fix_remainder_by_a_symbolic_size(graph_module, node) -> bool:
     """`x % n` with `n` a size the trace keeps symbolic (Reformer's LSH buckets modulo its padded length) is
     `remainder.Scalar`, whose torch.onnx function reads `n` as a Python number ("int() argument must be ..., not
@@ -258,7 +302,12 @@ def _fix_remainder_by_a_symbolic_size(graph_module, node) -> bool:
 # `@register_onnx_translation(torch.ops.aten.<op>.<overload>)` on an onnxscript function `_aten_<op>`.
 
 
-@register_onnx_translation(torch.ops.aten._is_all_true.default)
+@register_onnx_translation(
+    torch.ops.aten._is_all_true.default,
+    model_side="upstream change: torch.onnx (onnxscript torchlib) should translate aten._is_all_true, e.g. as a "
+               "ReduceMin over the values cast to integers, so `Tensor.all()` used as a Python condition "
+               "exports.",
+)
 def _aten__is_all_true(self):
     """`Tensor.all()` used as a Python condition (vision-language models check their image tokens in generate's
     prefill) traces as `_is_all_true`, which torch.onnx has no function for. All true is a minimum of one over the
@@ -268,7 +317,10 @@ def _aten__is_all_true(self):
     return op.Cast(op.ReduceMin(op.Cast(self, to=7), keepdims=0), to=9)  # 7: INT64, 9: BOOL
 
 
-@register_onnx_translation(torch.ops.aten.searchsorted.Tensor)
+@register_onnx_translation(
+    torch.ops.aten.searchsorted.Tensor,
+    upstream="https://github.com/pytorch/pytorch/issues/151793",
+)
 def _aten_searchsorted(sorted_sequence, self, out_int32=False, right=False, side=None, sorter=None):
     """torch.onnx has no function for `searchsorted` (Music Flamingo maps its encoder rows to their audio samples
     by it; decompositions of packed sequences bring it too). A value's insertion point in a sorted row is the
@@ -287,7 +339,11 @@ def _aten_searchsorted(sorted_sequence, self, out_int32=False, right=False, side
     return op.Cast(count, to=6) if out_int32 else count  # 6: INT32
 
 
-@register_onnx_translation(torch.ops.aten.randperm.default)
+@register_onnx_translation(
+    torch.ops.aten.randperm.default,
+    model_side="upstream change: onnxscript's torchlib should implement aten::randperm (still "
+               "NotImplementedError in 0.7.2), e.g. as the TopK/argsort order of RandomUniformLike draws.",
+)
 def _aten_randperm(n, dtype=None, layout=None, device=None, pin_memory=None):
     """ONNX has no random permutation (PatchTST's forecast masking shuffles its batch rows by one): the order that
     sorts n uniform draws is one, as likely as any other."""
@@ -301,7 +357,11 @@ def _aten_randperm(n, dtype=None, layout=None, device=None, pin_memory=None):
     return order
 
 
-@register_onnx_translation(torch.ops.aten.bernoulli.default)
+@register_onnx_translation(
+    torch.ops.aten.bernoulli.default,
+    model_side="upstream change: ONNX Runtime's CPU Bernoulli kernel should output 1 with probability p (not 1 -"
+               " p), so onnxscript's aten_bernoulli (a bare op.Bernoulli) matches torch.bernoulli.",
+)
 def _aten_bernoulli(self, generator=None):
     """ONNX Runtime's `Bernoulli` (1.32, CPU) draws one with the complement of each probability: a mask of
     probability 0 came out all ones (Perceiver's multimodal preprocessor masks no modality but the label, and
@@ -311,7 +371,10 @@ def _aten_bernoulli(self, generator=None):
     return op.CastLike(op.Less(op.RandomUniformLike(self, high=1.0, low=0.0), self), self)
 
 
-@register_onnx_translation(torch.ops.aten.sym_numel.default)
+@register_onnx_translation(
+    torch.ops.aten.sym_numel.default,
+    upstream="https://github.com/pytorch/pytorch/issues/128882",
+)
 def _aten_sym_numel(self):
     """The element count of a tensor whose shape the trace does not know (a vision tower's packed image sequence
     read as `x.numel()`), which torch.onnx has no function for: ONNX's `Size`."""
@@ -324,7 +387,9 @@ def _aten_sym_numel(self):
 # `@register_onnx_ir_fix` on `_fix_ir_<what>(model: onnx_ir.Model) -> bool`.
 
 
-@register_onnx_ir_fix
+@register_onnx_ir_fix(
+    upstream="https://github.com/microsoft/onnxruntime/issues/24127",
+)
 def _fix_ir_where_on_booleans(model) -> bool:
     """ONNX Runtime has no `Where` kernel for booleans ("Could not find an implementation for Where(16)"; LightGlue
     keeps a keypoint mask per pair that way): the same choice as logic, `(c and x) or (not c and y)`."""

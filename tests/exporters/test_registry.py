@@ -31,7 +31,7 @@ def scratch_patches():
 def test_patch_is_active_during_tracing_only(scratch_patches):
     seen = []
 
-    @register_patch("dynamo", "torch.where")
+    @register_patch("dynamo", "torch.where", model_side="planted by a test")
     def _patch_where_spy(original):
         def where(*args):
             seen.append(original)
@@ -54,7 +54,7 @@ def test_patch_is_restored_when_the_export_raises(scratch_patches):
             torch.where(x > 0, x, x)
             raise ValueError("model bug")
 
-    @register_patch("onnx", "torch.where", "torch.Tensor.softmax")
+    @register_patch("onnx", "torch.where", "torch.Tensor.softmax", model_side="planted by a test")
     def _patch_two_paths(original):
         return lambda *args, **kwargs: original(*args, **kwargs)
 
@@ -77,7 +77,7 @@ def test_a_builtin_is_shadowed_in_one_module_while_tracing_and_unshadowed_after(
     try:
         originals = []
 
-        @register_patch("dynamo", "batch_reader.len")
+        @register_patch("dynamo", "batch_reader.len", model_side="planted by a test")
         def _patch_len_spy(original):
             originals.append(original)
             return lambda value: original(value) + 100
@@ -96,7 +96,7 @@ def test_a_builtin_is_shadowed_in_one_module_while_tracing_and_unshadowed_after(
 def test_several_paths_share_one_factory(scratch_patches):
     originals = []
 
-    @register_patch("dynamo", "torch.sin", "torch.cos")
+    @register_patch("dynamo", "torch.sin", "torch.cos", model_side="planted by a test")
     def _patch_trig(original):
         originals.append(original)
         return original
@@ -107,7 +107,7 @@ def test_several_paths_share_one_factory(scratch_patches):
 
 
 def test_nested_exports_leave_no_patch_behind(scratch_patches):
-    @register_patch("dynamo", "torch.where")
+    @register_patch("dynamo", "torch.where", model_side="planted by a test")
     def _patch_where_identity(original):
         return lambda *args: original(*args)
 
@@ -138,7 +138,7 @@ def test_class_method_patch_keeps_descriptor_kind(scratch_patches):
     sys.modules["scratch_holder"] = module
     try:
 
-        @register_patch("dynamo", "scratch_holder.Holder.scale")
+        @register_patch("dynamo", "scratch_holder.Holder.scale", model_side="planted by a test")
         def _patch_scale(original):
             return lambda x: original(x) + 1
 
@@ -150,7 +150,7 @@ def test_class_method_patch_keeps_descriptor_kind(scratch_patches):
 
 
 def test_unresolvable_path_names_backend_and_path(scratch_patches):
-    @register_patch("executorch", "torch.no_such_op")
+    @register_patch("executorch", "torch.no_such_op", model_side="planted by a test")
     def _patch_missing(original):
         return original
 
@@ -164,32 +164,32 @@ def test_unresolvable_path_names_backend_and_path(scratch_patches):
 
 def test_malformed_path_and_unknown_backend_fail_at_registration():
     with pytest.raises(PatchPathError, match="not a dotted path"):
-        register_patch("onnx", "where")
+        register_patch("onnx", "where", model_side="planted by a test")
     with pytest.raises(ValueError, match="unknown backend 'tensorrt'"):
-        register_patch("tensorrt", "torch.where")
+        register_patch("tensorrt", "torch.where", model_side="planted by a test")
     with pytest.raises(ValueError, match="unknown backend"):
-        registration.register_fx_node_fix("openvino")
+        registration.register_fx_node_fix("openvino", model_side="planted by a test")
 
 
 def test_a_second_workaround_of_one_name_is_refused_naming_both_places(scratch_patches):
-    @register_patch("dynamo", "torch.where")
+    @register_patch("dynamo", "torch.where", model_side="planted by a test")
     def _patch_twice(original):
         return original
 
     with pytest.raises(ValueError, match=r"dynamo workaround _patch_twice is registered twice: at .*test_registry.py:\d+ "
                                          r"and at .*test_registry.py:\d+; rename one"):
 
-        @register_patch("dynamo", "torch.sin")
+        @register_patch("dynamo", "torch.sin", model_side="planted by a test")
         def _patch_twice(original):  # noqa: F811
             return original
 
     with pytest.raises(ValueError, match="dynamo workaround _patch_module_cast_to_its_own_dtype is registered twice"):
 
-        @registration.register_fx_node_fix("dynamo")
+        @registration.register_fx_node_fix("dynamo", model_side="planted by a test")
         def _patch_module_cast_to_its_own_dtype(graph_module, node):
             return False
 
-    @register_patch("onnx", "torch.where")
+    @register_patch("onnx", "torch.where", model_side="planted by a test")
     def _patch_twice(original):  # noqa: F811  (another backend: its own names)
         return original
 

@@ -74,7 +74,7 @@ def test_failure_inside_the_converter_keeps_the_inner_stage():
 
     graphs = []
 
-    @registration.register_fx_node_fix("onnx")
+    @registration.register_fx_node_fix("onnx", model_side="planted by a test")
     def _fix_explodes(graph_module, node):
         """Fails on the second graph it sees: the decomposed one."""
         if graph_module not in graphs:

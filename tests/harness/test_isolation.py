@@ -40,7 +40,7 @@ def fault_once(tmp_path):
     def install(fault):
         marker = tmp_path / "fault-done"
 
-        @registration.register_patch("dynamo", "torch.nn.functional.scaled_dot_product_attention")
+        @registration.register_patch("dynamo", "torch.nn.functional.scaled_dot_product_attention", model_side="planted by a test")
         def _patch_fault(original):
             def sdpa(*args, **kwargs):
                 if not marker.exists():
@@ -130,7 +130,7 @@ def _bert_cell_with_layer_norm_patch(shape_mode, factory):
 
     workarounds.load_registrations()
     saved = list(registration.PATCHES["dynamo"])
-    registration.register_patch("dynamo", "torch.nn.functional.layer_norm")(factory)
+    registration.register_patch("dynamo", "torch.nn.functional.layer_norm", model_side="planted by a test")(factory)
     try:
         model = select("BertModel")[0]
         return run_cell(Cell(model, "dynamo", shape_mode), ClassContext(model))

@@ -75,7 +75,7 @@ STALE_SNIPPET = """
 import sys
 from types import SimpleNamespace
 
-import registry.stale as stale
+import commands.known_issues as known_issues
 from registry import RegistryError
 
 def rerun_where_everything_passes(registry, out, jobs, timeout):
@@ -84,12 +84,12 @@ def rerun_where_everything_passes(registry, out, jobs, timeout):
         return {{entry.label(): [record] for entry in entries}}
     return rerun
 
-stale.rerun_governed_cells = rerun_where_everything_passes
+known_issues.rerun_governed_cells = rerun_where_everything_passes  # every entry passes now: --fix rewrites
 args = SimpleNamespace(registry={registry!r}, models="all", model_types=None, tasks=None, limit=None,
                        cache_dir={cache!r}, offline=True, out={out!r}, jobs=1, timeout=60.0, json={json!r},
-                       fix=True, strict=False)
+                       fix=True, strict=False, run=None, workarounds=False)
 try:
-    stale.run_stale(args)
+    known_issues.cmd_stale(args)
 except RegistryError as error:
     print(f"stale: {{error}}", file=sys.stderr)
     sys.exit(2)
@@ -259,14 +259,15 @@ def test_run_stale_with_jobs_0_stops_at_once_with_a_message(tmp_path):
     path.write_text(BERT)
     snippet = textwrap.dedent(f"""
         from types import SimpleNamespace
-        from registry.stale import run_stale
-        run_stale(SimpleNamespace(registry={str(path)!r}, models="all", model_types=None, tasks=None, limit=None,
+        from commands.known_issues import cmd_stale
+        cmd_stale(SimpleNamespace(registry={str(path)!r}, models="all", model_types=None, tasks=None, limit=None,
                                   cache_dir={str(tmp_path / 'cache')!r}, offline=True, out={str(tmp_path / 'run')!r},
-                                  jobs=0, timeout=60.0, json=None, fix=False, strict=False))
+                                  jobs=0, timeout=60.0, json=None, fix=False, strict=False, run=None,
+                                  workarounds=False))
     """)  # fmt: skip
     try:
         result = _run([sys.executable, "-c", snippet], timeout=90)
     except subprocess.TimeoutExpired:
-        pytest.fail("run_stale with jobs=0 was still running after 90 s")
+        pytest.fail("stale with jobs=0 was still running after 90 s")
     assert result.returncode != 0 and "jobs must be 1 or more, not 0" in result.stderr.decode()
     assert not (tmp_path / "run").exists(), "refused before a run folder is made"

@@ -69,7 +69,7 @@ def real_run(tmp_path_factory):
     workarounds.load_registrations()  # before saving: restoring must not drop the exporters' own patches
     saved = list(registration.PATCHES["onnx"])
 
-    @registration.register_patch("onnx", "torch.nn.functional.layer_norm")
+    @registration.register_patch("onnx", "torch.nn.functional.layer_norm", model_side="planted by a test")
     def _patch_break_gpt2(original):  # a real ONNX failure for one class, in the ONNX stage it happens in
         def layer_norm(input, *args, **kwargs):
             if input.shape[-1] == 32 and input.dim() == 3 and input.shape[1] == 7 and _is_gpt2():

@@ -17,7 +17,8 @@ from .conftest import synthetic_record, synthetic_run
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-PAGES = ["index.html", "changes.html", "matrix.html", "failures.html", "parity.html", "registry.html", "history.html"]
+PAGES = ["index.html", "changes.html", "matrix.html", "failures.html", "parity.html", "registry.html", "workarounds.html",
+         "history.html"]
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
          "--no-first-run", "--disable-sync", "--disable-quic"]  # fmt: skip
 
@@ -166,7 +167,7 @@ def test_no_serious_or_critical_accessibility_violation(browser, site):
 def test_every_page_loads_without_console_errors(browser, site):
     errors = []
     page = _page(browser, errors)
-    for name in ["changes.html", "failures.html", "parity.html", "registry.html", "history.html"]:
+    for name in ["changes.html", "failures.html", "parity.html", "registry.html", "workarounds.html", "history.html"]:
         page.goto((site / name).as_uri())
         assert page.locator("h1").count() == 1
     page.click("text=Matrix")

@@ -10,7 +10,8 @@ from reports import write_report
 
 from .conftest import synthetic_record, synthetic_run
 
-PAGES = ["index.html", "matrix.html", "failures.html", "parity.html", "registry.html", "history.html"]
+PAGES = ["index.html", "changes.html", "matrix.html", "failures.html", "parity.html", "registry.html", "workarounds.html",
+         "history.html"]
 
 
 def test_a_real_run_renders_every_page(real_run):

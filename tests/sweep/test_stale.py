@@ -7,7 +7,7 @@ import pytest
 
 
 def test_entry_still_needed(stale_entry, sweep_session):
-    from exporters.exported import package_versions
+    from exporters.versions import package_versions
     from harness.cache import default_cache_dir
     from harness.cells import Cell
     from harness.models import all_model_classes

@@ -11,13 +11,18 @@ from contextlib import contextmanager
 
 import torch
 
-from ...registration import applied_reporter, register_patch, report_applied
+from ...registration import applied_reporter, register_patch, register_switch, report_applied
 
 
 # ── Stage 2: Model patches ───────────────────────────────────────────────────
 
 
-@register_patch("dynamo", "transformers.modeling_utils.AttentionInterface.get_interface", reports=True)
+@register_patch(
+    "dynamo", "transformers.modeling_utils.AttentionInterface.get_interface", reports=True,
+    model_side="PaliGemma's text model as used by ColPali and Aimv2TextModel set their attention modules' "
+               "`is_causal` to match the causal mask they build (or build a bidirectional mask), so eager's "
+               "dropping of a padding-free mask and the exported masked SDPA attend the same way.",
+)
 def _patch_sdpa_skips_a_future_only_mask_as_eager_does(original):
     """Without padding, eager drops the causal mask and SDPA follows the attention module's own `is_causal`. Models
     whose modules are not causal but whose masks are (ColPali's PaliGemma, Aimv2's text tower) then attend
@@ -52,7 +57,13 @@ def _patch_sdpa_skips_a_future_only_mask_as_eager_does(original):
     return get_interface
 
 
-@register_patch("dynamo", "transformers.modeling_utils.AttentionInterface.get_interface", reports=True)
+@register_patch(
+    "dynamo", "transformers.modeling_utils.AttentionInterface.get_interface", reports=True,
+    model_side="VideoMAEEmbeddings (VideoMAEForPreTraining) gathers the visible patches with a count known from "
+               "the mask (e.g. a fixed number per sample via argsort of bool_masked_pos) instead of "
+               "`embeddings[~bool_masked_pos].reshape(batch_size, -1, C)`, so transformers' "
+               "sdpa_attention_forward's `q_length > 1` and SDPA's own checks see a backed length.",
+)
 def _patch_sdpa_on_queries_counted_from_data(original):
     """transformers' SDPA first asks `query length > 1` to pick the causal kernel. When that length was counted from
     data (VideoMAE pre-training encodes only the patches its mask leaves visible) the question has no answer in the
@@ -87,8 +98,13 @@ def _patch_sdpa_on_queries_counted_from_data(original):
     return get_interface
 
 
-@register_patch("dynamo", "transformers.models.phi4_multimodal.modeling_phi4_multimodal.create_bidirectional_mask",
-                reports=True)
+@register_patch(
+    "dynamo", "transformers.models.phi4_multimodal.modeling_phi4_multimodal.create_bidirectional_mask",
+    reports=True,
+    model_side="Phi4MultimodalVisionAttention sets `is_causal = False` (its SigLIP-style tower builds a "
+               "bidirectional mask), so eager dropping a padding mask that hides nothing no longer switches the "
+               "patches to causal attention.",
+)
 def _patch_phi4_vision_mask_causal_when_it_hides_nothing(original):
     """Phi-4-multimodal's vision attention modules are flagged causal. Eager drops a padding mask that hides
     nothing, and SDPA then follows the flag: the patches attend causally. Under export the mask cannot be checked,
@@ -107,7 +123,12 @@ def _patch_phi4_vision_mask_causal_when_it_hides_nothing(original):
     return create_bidirectional_mask
 
 
-@register_patch("dynamo", "transformers.masking_utils._vmap_expansion_sdpa")
+@register_patch(
+    "dynamo", "transformers.masking_utils._vmap_expansion_sdpa",
+    model_side="transformers' masking_utils builds masks with and/or overlays (Gemma 3's bidirectional image "
+               "blocks) with the broadcast `_non_vmap_expansion_sdpa` path as well, instead of falling back to "
+               "`_vmap_expansion_sdpa`.",
+)
 def _patch_mask_by_broadcast(_original):
     """A mask with a custom overlay (Gemma 3's bidirectional image blocks) is built with `torch.vmap`, which traces,
     but leaves batching ops that torch.onnx and ExecuTorch's decompositions reject ("tensor may have escaped from
@@ -125,7 +146,12 @@ def _patch_mask_by_broadcast(_original):
     return expansion
 
 
-@register_patch("dynamo", "transformers.masking_utils._ignore_bidirectional_mask_sdpa", reports=True)
+@register_patch(
+    "dynamo", "transformers.masking_utils._ignore_bidirectional_mask_sdpa", reports=True,
+    model_side="transformers' masking_utils._ignore_bidirectional_mask_sdpa returns True when padding_mask is "
+               "None (and no local-attention constraint applies) even while exporting, since there are no mask "
+               "values to check.",
+)
 def _patch_no_padding_means_no_mask(original):
     """Without a padding mask, eager attends everywhere with no mask at all, but under export transformers builds
     one anyway (it skips only after checking a mask's values, which export cannot do). That mask is sized for the
@@ -147,6 +173,13 @@ def _patch_no_padding_means_no_mask(original):
 # those configs name a registered "flash" function that builds the block-diagonal mask and runs one SDPA.
 
 SEGMENTED_ATTENTION = "flash_segments_as_mask"
+SEGMENTED_ATTENTION_SWITCH = register_switch(
+    "dynamo", "segmented_attention",
+    "Vision towers that pack several images into one sequence attend through one masked SDPA over their `cu_seqlens`",
+    "model-patches",
+    model_side="Packed vision towers (Qwen2-VL and its kin) build one block-diagonal mask from `cu_seqlens` with "
+               "tensor ops for SDPA instead of splitting the sequence per image in Python.",
+)
 
 
 def _segmented_sdpa(module, query, key, value, attention_mask=None, cu_seq_lens_q=None, **kwargs):
@@ -194,7 +227,7 @@ def segmented_attention(model: torch.nn.Module, fired: set[str]):
     saved = {key: config._attn_implementation for key, config in configs.items()}
     if configs:
         AttentionInterface.register(SEGMENTED_ATTENTION, _segmented_sdpa)
-        fired.add("segmented_attention")
+        fired.add(SEGMENTED_ATTENTION_SWITCH)
     try:
         for config in configs.values():
             config._attn_implementation = SEGMENTED_ATTENTION

@@ -20,6 +20,9 @@ from .grids import part_starts
     "transformers.models.mimi.modeling_mimi.MimiConv1d.forward",
     "transformers.models.pocket_tts_audio_tokenizer.modeling_pocket_tts_audio_tokenizer"
     ".PocketTTSAudioTokenizerConv1d.forward",
+    model_side="EncodecConv1d / MimiConv1d / PocketTTSAudioTokenizerConv1d keep kernel_size, stride and "
+               "padding_total as Python ints (not 0-d tensor buffers) and compute the extra right padding with "
+               "integer ceiling division, so no padding amount is read from a tensor.",
 )
 def _patch_codec_conv_paddings_as_ints(original):
     """EnCodec's and Mimi's padded convolutions keep kernel size, stride and padding as 0-d tensor buffers and pad
@@ -51,7 +54,10 @@ def _patch_codec_conv_paddings_as_ints(original):
     return forward
 
 
-@register_patch("dynamo", "torch.distributions.categorical.Categorical.__init__")
+@register_patch(
+    "dynamo", "torch.distributions.categorical.Categorical.__init__",
+    upstream="https://github.com/pytorch/pytorch/pull/186291",
+)
 def _patch_categorical_unvalidated(original):
     """A distribution validates its parameters with `if not constraint.check(value).all()`, a branch on tensor
     values export cannot take (BLT's patcher: the entropy of its logits). The values are the model's own."""
@@ -65,7 +71,13 @@ def _patch_categorical_unvalidated(original):
 _RIGID = "transformers.models.esm.openfold_utils.rigid_utils"
 
 
-@register_patch("dynamo", f"{_RIGID}.identity_rot_mats", f"{_RIGID}.identity_trans", f"{_RIGID}.identity_quats")
+@register_patch(
+    "dynamo", f"{_RIGID}.identity_rot_mats", f"{_RIGID}.identity_trans", f"{_RIGID}.identity_quats",
+    model_side="transformers' esm openfold_utils rigid_utils.identity_rot_mats / identity_trans / identity_quats"
+               " stop being @functools.cache'd on their shape/dtype/device arguments (build the identity tensors"
+               " afresh each call), so symbolic shapes are never cache keys and no traced tensor is reused "
+               "across traces.",
+)
 def _patch_identity_frames_uncached(original):
     """ESMFold's structure module starts from identity frames made by functions cached on their shape: a symbolic
     shape cannot be a cache key, and a tensor cached by one trace would come back in the next. Made afresh."""
@@ -75,7 +87,12 @@ def _patch_identity_frames_uncached(original):
 _OMDET = "transformers.models.omdet_turbo.modeling_omdet_turbo"
 
 
-@register_patch("dynamo", f"{_OMDET}.OmDetTurboForObjectDetection.get_language_embedding", reports=True)
+@register_patch(
+    "dynamo", f"{_OMDET}.OmDetTurboForObjectDetection.get_language_embedding", reports=True,
+    model_side="OmDetTurboForObjectDetection.get_language_embedding encodes all class/task prompts in one batch "
+               "without the token-id-keyed Python cache and pads each sample's classes with a gather from their "
+               "start offsets instead of a per-sample Python loop.",
+)
 def _patch_omdet_prompts_encoded_at_once(original):
     """OmDet-Turbo encodes its class and task prompts one by one, to look each up in a cache keyed by its token ids
     read as Python numbers (a key export cannot read; a hit would bake eager's features into the program), then
@@ -100,7 +117,10 @@ def _patch_omdet_prompts_encoded_at_once(original):
     return get_language_embedding
 
 
-@register_patch("dynamo", f"{_OMDET}.OmDetTurboLanguageBackbone.forward", reports=True)
+@register_patch(
+    "dynamo", f"{_OMDET}.OmDetTurboLanguageBackbone.forward", reports=True,
+    upstream="https://github.com/pytorch/pytorch/pull/185545",
+)
 def _patch_omdet_task_prompts_cut_within_the_mask(original):
     """OmDet-Turbo cuts its task prompts to the longest one, a length read from the mask with `.item()` and known
     to torch only as some integer: `to_edge`'s slice decomposition then asks whether it is negative or past the
@@ -123,7 +143,12 @@ def _patch_omdet_task_prompts_cut_within_the_mask(original):
     return forward
 
 
-@register_patch("dynamo", "transformers.models.fastspeech2_conformer.modeling_fastspeech2_conformer.length_regulator")
+@register_patch(
+    "dynamo", "transformers.models.fastspeech2_conformer.modeling_fastspeech2_conformer.length_regulator",
+    model_side="transformers' fastspeech2_conformer length_regulator expands phonemes for all rows at once (a "
+               "cumulative-duration gather or repeat_interleave padded to the longest row) instead of a Python "
+               "loop over the batch behind an `if durations.sum() == 0` branch.",
+)
 def _patch_length_regulator_gathered(original):
     """FastSpeech 2 repeats each phoneme's features for its predicted duration in a loop over the batch, after an
     `if durations.sum() == 0` branch on tensor values. The same frames gathered at once: frame f of a row takes the
@@ -155,7 +180,11 @@ def _repeated_by_durations(features: torch.Tensor, durations: torch.Tensor) -> t
     return torch.where(inside, torch.gather(features, 1, step), 0)
 
 
-@register_patch("dynamo", "transformers.models.seamless_m4t.modeling_seamless_m4t.SeamlessM4TCodeHifiGan.forward")
+@register_patch(
+    "dynamo", "transformers.models.seamless_m4t.modeling_seamless_m4t.SeamlessM4TCodeHifiGan.forward",
+    model_side="SeamlessM4TCodeHifiGan.forward repeats every sample's units by its durations in one batched op "
+               "(repeat_interleave/gather, padded) instead of a Python loop over the batch.",
+)
 def _patch_seamless_m4t_units_repeated_at_once(original):
     """SeamlessM4T's vocoder repeats each sample's units for their predicted durations sample by sample, in a
     Python loop over the batch (one sample takes another branch): the batch was fixed. Every sample's units
@@ -179,6 +208,9 @@ def _patch_seamless_m4t_units_repeated_at_once(original):
     "dynamo",
     "transformers.models.fastspeech2_conformer.modeling_fastspeech2_conformer.FastSpeech2ConformerRelPositionalEncoding"
     ".extend_pos_enc",
+    model_side="FastSpeech2ConformerRelPositionalEncoding.extend_pos_enc either precomputes a table for the "
+               "maximum length or computes positions on the fly, instead of a Python branch that rebuilds the "
+               "table when the (data-dependent) frame count outgrows it.",
 )
 def _patch_relative_positions_within_table(original):
     """FastSpeech 2's decoder rebuilds its relative position table when the frames outgrow it, a branch on the

@@ -20,6 +20,9 @@ from .grids import part_starts, places_in_parts
     "dynamo",
     "transformers.models.slanet.modeling_slanet.SLANetSLAHead.forward",
     "transformers.models.slanext.modeling_slanext.SLANeXtSLAHead.forward",
+    model_side="SLANetSLAHead.forward / SLANeXtSLAHead.forward decode a fixed number of steps (or use a tensor "
+               "condition) and cut the output after the first step where every row ended, instead of a Python "
+               "`break` on `...eq(end).any(-1).all()`.",
 )
 def _patch_table_decode_cut_after(original):
     """SLANet's table-structure head decodes greedily and stops once every row has emitted its end token: a
@@ -55,6 +58,9 @@ def _patch_table_decode_cut_after(original):
     "dynamo",
     "transformers.models.qwen3_asr.modeling_qwen3_asr.get_audio_cu_seqlens",
     "transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe.get_audio_cu_seqlens",
+    model_side="transformers' get_audio_cu_seqlens (qwen3_asr, qwen3_omni_moe) builds a fixed number of "
+               "attention windows per sample (one per chunk, empty ones repeating the boundary) with tensor ops "
+               "instead of a Python loop over lengths read from the mask.",
 )
 def _patch_audio_windows_padded(original):
     """The Qwen audio towers cut each sample's frames into attention windows in a Python loop over lengths read
@@ -97,6 +103,10 @@ def _audio_chunks_on_a_grid(input_features, feature_attention_mask, chunk_width)
     "transformers.models.qwen2_5_omni.modeling_qwen2_5_omni.Qwen2_5OmniThinkerModel.get_audio_features",
     "transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe.Qwen3OmniMoeThinkerModel.get_audio_features",
     reports=True,
+    model_side="Qwen2_5OmniThinkerModel.get_audio_features / Qwen3OmniMoeThinkerModel.get_audio_features lay the"
+               " audio chunks on a fixed per-sample grid derived from the padded frame count instead of "
+               "splitting the kept frames by `.tolist()` sizes (and grouping chunks for the convolution in "
+               "Python).",
 )
 def _patch_omni_audio_chunks_on_a_grid(original):
     """The Qwen Omni thinkers gather every kept audio frame into one row and split it into chunks by sizes read
@@ -153,6 +163,10 @@ def _patch_omni_audio_chunks_on_a_grid(original):
     "transformers.models.sam3.modeling_sam3.Sam3DetrDecoder.forward",
     "transformers.models.sam3_lite_text.modeling_sam3_lite_text.Sam3LiteTextDetrDecoder.forward",
     reports=True,
+    model_side="Sam3DetrDecoder.forward (and Sam3LiteTextDetrDecoder.forward) reads the token grid's height and "
+               "width once (as Python ints or a spatial_shapes_list, as other DETR models in transformers do) "
+               "and passes them as sizes to the box-bias computation instead of reading them back from the "
+               "spatial_shapes tensor in every layer.",
 )
 def _patch_sam3_box_bias_on_the_token_grid(original):
     """SAM 3's DETR decoder lays each query's box bias over the vision tokens on a grid whose height and width it
@@ -182,7 +196,12 @@ def _patch_sam3_box_bias_on_the_token_grid(original):
 _PHI4_AUDIO = "transformers.models.phi4_multimodal.modeling_phi4_multimodal"
 
 
-@register_patch("dynamo", f"{_PHI4_AUDIO}.adaptive_enc_mask", f"{_PHI4_AUDIO}.Phi4MultimodalAudioModel._streaming_mask")
+@register_patch(
+    "dynamo", f"{_PHI4_AUDIO}.adaptive_enc_mask", f"{_PHI4_AUDIO}.Phi4MultimodalAudioModel._streaming_mask",
+    model_side="transformers' phi4_multimodal adaptive_enc_mask / Phi4MultimodalAudioModel._streaming_mask build"
+               " the chunk mask with torch ops (torch.arange, argmax of the frame-by-chunk table) instead of "
+               "np.arange and nonzero().",
+)
 def _patch_streaming_mask_by_argmax(original):
     """Phi-4's audio conformer finds each frame's chunk with `nonzero()` over a frame-by-chunk table in which every
     row holds exactly one True: a count the trace cannot know. The first True of each row is the same chunk. The
@@ -208,7 +227,10 @@ def _patch_streaming_mask_by_argmax(original):
     return {"adaptive_enc_mask": adaptive_enc_mask, "_streaming_mask": _streaming_mask}[original.__name__]
 
 
-@register_patch("dynamo", "transformers.models.canine.modeling_canine.CanineAttention.forward", reports=True)
+@register_patch(
+    "dynamo", "transformers.models.canine.modeling_canine.CanineAttention.forward", reports=True,
+    upstream="https://github.com/huggingface/transformers/issues/47491",
+)
 def _patch_canine_local_attention_masked(original):
     """CANINE's local attention cuts the characters into windows with a Python loop over the sequence length, which
     fixes the length. With windows as wide as their stride (as CANINE builds them) the queries of window k read the

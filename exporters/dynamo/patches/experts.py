@@ -27,7 +27,12 @@ def _every_expert(hidden_states, chosen, weights, experts):
     return output
 
 
-@register_patch("dynamo", "transformers.models.nllb_moe.modeling_nllb_moe.NllbMoeExperts.forward")
+@register_patch(
+    "dynamo", "transformers.models.nllb_moe.modeling_nllb_moe.NllbMoeExperts.forward",
+    model_side="NllbMoeExperts adopts transformers' experts interface (@use_experts_implementation, as "
+               "Mixtral/Qwen MoE do) so the exportable batched_mm path replaces its `nonzero()` loop over hit "
+               "experts.",
+)
 def _patch_nllb_moe_experts_dense(_original):
     """NLLB-MoE's experts, every one on every token (`_every_expert`), with eval mode's token-dropout scaling."""
 
@@ -40,7 +45,9 @@ def _patch_nllb_moe_experts_dense(_original):
 
 
 @register_patch(
-    "dynamo", "transformers.models.switch_transformers.modeling_switch_transformers.SwitchTransformersExperts.forward"
+    "dynamo", "transformers.models.switch_transformers.modeling_switch_transformers.SwitchTransformersExperts.forward",
+    model_side="SwitchTransformersExperts adopts transformers' experts interface (@use_experts_implementation) "
+               "so an exportable implementation replaces its `nonzero()` loop over hit experts.",
 )
 def _patch_switch_transformers_experts_dense(_original):
     """Switch Transformers' experts, every one on every token (`_every_expert`). Its router hands over a one-hot
@@ -55,7 +62,12 @@ def _patch_switch_transformers_experts_dense(_original):
     return forward
 
 
-@register_patch("dynamo", "transformers.models.longcat_flash.modeling_longcat_flash.LongcatFlashExperts.forward")
+@register_patch(
+    "dynamo", "transformers.models.longcat_flash.modeling_longcat_flash.LongcatFlashExperts.forward",
+    model_side="LongcatFlashExperts adopts transformers' experts interface (@use_experts_implementation), with "
+               "its zero-compute experts as identity, so an exportable implementation replaces its `nonzero()` "
+               "loop over hit experts.",
+)
 def _patch_longcat_flash_experts_dense(_original):
     """LongCat-Flash's experts, every one on every token (`_every_expert`); its zero-compute experts pass the
     tokens through, as in eager."""
@@ -77,7 +89,11 @@ def _patch_longcat_flash_experts_dense(_original):
     return forward
 
 
-@register_patch("dynamo", "transformers.models.step3p7.modeling_step3p7.Step3p7Experts.forward")
+@register_patch(
+    "dynamo", "transformers.models.step3p7.modeling_step3p7.Step3p7Experts.forward",
+    model_side="Step3p7Experts adopts transformers' experts interface (@use_experts_implementation) so an "
+               "exportable implementation replaces its `nonzero()` loop over hit experts.",
+)
 def _patch_step3p7_experts_dense(_original):
     """Step 3.7's experts, every one on every token (`_every_expert`), with their clamped gates; the index one past
     the last expert, which eager skips, matches none."""
@@ -95,7 +111,12 @@ def _patch_step3p7_experts_dense(_original):
     return forward
 
 
-@register_patch("dynamo", "transformers.models.step3p7.modeling_step3p7.Step3p7VisionModel.forward")
+@register_patch(
+    "dynamo", "transformers.models.step3p7.modeling_step3p7.Step3p7VisionModel.forward",
+    model_side="Step3p7VisionModel.forward lays out its rotary positions from the patch grid's own tensor sizes "
+               "(arange over the grid's height/width) instead of writing the grid into a tensor and reading it "
+               "back with `.tolist()`.",
+)
 def _patch_step3p7_positions_from_the_grid(_original):
     """Step 3.7's tower writes its patch grid into a tensor and reads it back (`tolist`) to lay out its rotary
     positions: under export the sizes read back are data-dependent, unrelated to the image's, and ExecuTorch plans
@@ -120,7 +141,12 @@ def _patch_step3p7_positions_from_the_grid(_original):
     return capture_outputs(tie_last_hidden_states=False)(forward)
 
 
-@register_patch("dynamo", "transformers.models.dbrx.modeling_dbrx.DbrxExperts.forward")
+@register_patch(
+    "dynamo", "transformers.models.dbrx.modeling_dbrx.DbrxExperts.forward",
+    model_side="DbrxExperts adopts transformers' experts interface (@use_experts_implementation) so an "
+               "exportable implementation replaces its `nonzero()` loop over hit experts (each a slice of the "
+               "packed GLU weights).",
+)
 def _patch_dbrx_experts_dense(_original):
     """DBRX's experts, every one on every token (`_every_expert`), each a slice of the packed GLU weights."""
 
@@ -135,7 +161,12 @@ def _patch_dbrx_experts_dense(_original):
     return forward
 
 
-@register_patch("dynamo", "transformers.models.gemma3n.modeling_gemma3n.Gemma3nTextMLP._gaussian_topk")
+@register_patch(
+    "dynamo", "transformers.models.gemma3n.modeling_gemma3n.Gemma3nTextMLP._gaussian_topk",
+    model_side="Gemma3nTextMLP computes the normal quantile of its constant target sparsity once at init in "
+               "Python (e.g. statistics.NormalDist().inv_cdf, stored as a float) instead of "
+               "`torch.distributions.Normal(0, 1).icdf(...)` (traced as erfinv) in _gaussian_topk.",
+)
 def _patch_gemma3n_constant_icdf(_original):
     """Gemma 3n's sparse MLP takes the normal quantile of a constant (its target sparsity) with `Normal.icdf`,
     traced as `erfinv`: ONNX has no such function and ExecuTorch's Core ATen check rejects it. The quantile is the
@@ -153,16 +184,18 @@ def _patch_gemma3n_constant_icdf(_original):
 @register_patch(
     "dynamo",
     *(
-        f"transformers.models.{module}.{name}ForXVector.forward"
-        for module, name in (
-            ("wav2vec2.modeling_wav2vec2", "Wav2Vec2"),
-            ("wav2vec2_bert.modeling_wav2vec2_bert", "Wav2Vec2Bert"),
-            ("wav2vec2_conformer.modeling_wav2vec2_conformer", "Wav2Vec2Conformer"),
-            ("data2vec.modeling_data2vec_audio", "Data2VecAudio"),
-            ("unispeech_sat.modeling_unispeech_sat", "UniSpeechSat"),
-            ("wavlm.modeling_wavlm", "WavLM"),
-        )
+    f"transformers.models.{module}.{name}ForXVector.forward"
+    for module, name in (
+    ("wav2vec2.modeling_wav2vec2", "Wav2Vec2"),
+    ("wav2vec2_bert.modeling_wav2vec2_bert", "Wav2Vec2Bert"),
+    ("wav2vec2_conformer.modeling_wav2vec2_conformer", "Wav2Vec2Conformer"),
+    ("data2vec.modeling_data2vec_audio", "Data2VecAudio"),
+    ("unispeech_sat.modeling_unispeech_sat", "UniSpeechSat"),
+    ("wavlm.modeling_wavlm", "WavLM"),
+    )
     ),
+    model_side="The Wav2Vec2-family *ForXVector.forward heads pool the per-sample mean/std with a frame mask "
+               "over the whole batch instead of a Python loop over `hidden_states[i, :length]`.",
 )
 def _patch_xvector_masked_statistics(original):
     """X-vector heads pool each sample's mean and std over its own length with a Python loop over the batch

@@ -13,7 +13,10 @@ from ...rewrites import contiguity_asked_without_guards
 # ── Stage 2: Model patches ───────────────────────────────────────────────────
 
 
-@register_patch("dynamo", "torch.nn.Module.to", reports=True)
+@register_patch(
+    "dynamo", "torch.nn.Module.to", reports=True,
+    upstream="https://github.com/pytorch/pytorch/pull/184976",
+)
 def _patch_module_cast_to_its_own_dtype(original):
     """MoE routers cast their classifier in forward (`self.classifier = self.classifier.to(self.dtype)`: Switch
     Transformers, NLLB-MoE). Under export `Module._apply` cannot swap the traced weights ("Couldn't swap"); a cast
@@ -34,7 +37,10 @@ def _patch_module_cast_to_its_own_dtype(original):
     return to
 
 
-@register_patch("dynamo", "torch._prims_common.is_contiguous", reports=True)
+@register_patch(
+    "dynamo", "torch._prims_common.is_contiguous", reports=True,
+    upstream="https://github.com/pytorch/pytorch/pull/185084",
+)
 def _patch_contiguity_asked_without_guards(original):
     """Tracing records whether each result is contiguous, asking torch's "false when unsure" contiguity test. That
     test still guards on a symbolic size whose example is 0, 1 or 2 (too few elements to matter, a dimension of one
@@ -45,7 +51,13 @@ def _patch_contiguity_asked_without_guards(original):
     return contiguity_asked_without_guards(original)
 
 
-@register_patch("dynamo", "transformers.integrations.moe.ExpertsInterface.get_interface", reports=True)
+@register_patch(
+    "dynamo", "transformers.integrations.moe.ExpertsInterface.get_interface", reports=True,
+    model_side="transformers' ExpertsInterface (integrations/moe.py) dispatches to the exportable `batched_mm` "
+               "experts implementation while exporting (torch.compiler.is_exporting()) instead of `grouped_mm` "
+               "(the `transformers::grouped_mm_fallback` custom op fed by torch.histc) or the "
+               "`nonzero()`-looping `eager` one, also for layers whose config names none.",
+)
 def _patch_experts_batched_mm(original):
     """Mixture-of-experts layers default to `grouped_mm`, which on CPU is a custom op (`transformers::
     grouped_mm_fallback`) that neither ONNX nor ExecuTorch can lower, fed by `torch.histc` counts ExecuTorch has
@@ -66,9 +78,10 @@ def _patch_experts_batched_mm(original):
 @register_patch(
     "dynamo",
     *(f"transformers.models.{name}.modeling_{name}.len"
-      for name in ("rt_detr", "rt_detr_v2", "d_fine", "deimv2", "pp_doclayout_v2", "pp_doclayout_v3", "depth_pro",
-                   "clipseg", "qwen2_5_omni", "radio", "omdet_turbo")),
+    for name in ("rt_detr", "rt_detr_v2", "d_fine", "deimv2", "pp_doclayout_v2", "pp_doclayout_v3", "depth_pro",
+    "clipseg", "qwen2_5_omni", "radio", "omdet_turbo")),
     reports=True,
+    upstream="https://github.com/pytorch/pytorch/pull/185804",
 )
 def _patch_len_of_tensor_symbolic(original):
     """RT-DETR and the detectors built on its code (OmDet-Turbo's decoder too) read their batch size as
@@ -87,7 +100,12 @@ def _patch_len_of_tensor_symbolic(original):
     return length
 
 
-@register_patch("dynamo", "torch.take_along_dim", "torch.Tensor.take_along_dim", reports=True)
+@register_patch(
+    "dynamo", "torch.take_along_dim", "torch.Tensor.take_along_dim", reports=True,
+    model_side="PPDocLayoutV2ForObjectDetection.forward reorders its queries with torch.gather(..., dim=1, "
+               "index) instead of torch.take_along_dim (whose torch._refs decomposition broadcasts via "
+               "infer_size_shapes and guards every symbolic axis).",
+)
 def _patch_take_along_dim_as_gather(original):
     """`take_along_dim` traces through a decomposition that broadcasts its operands by comparing their sizes, which
     fixes every symbolic axis to its traced size (PP-DocLayout V2 ranks its queries so: the batch was fixed). With

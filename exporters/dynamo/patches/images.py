@@ -17,7 +17,12 @@ from .grids import block_patches, geometry_baked, resized
 # ── Stage 2: Model patches ───────────────────────────────────────────────────
 
 
-@register_patch("dynamo", "transformers.models.llava.modeling_llava.LlavaMultiModalProjector.forward")
+@register_patch(
+    "dynamo", "transformers.models.llava.modeling_llava.LlavaMultiModalProjector.forward",
+    model_side="LlavaModel.get_image_features returns the projected features as one tensor (sizes alongside) "
+               "instead of `list(image_features)` / `torch.split(..., sizes.tolist())` that forward concatenates"
+               " right back.",
+)
 def _patch_llava_features_as_one_image(original):
     """LLaVA splits its projected image features into a list, one tensor per image, which the model concatenates
     right back: iterating the image axis fixes the image count. The projector hands its rows on as one image, which
@@ -31,7 +36,10 @@ def _patch_llava_features_as_one_image(original):
 
 
 @register_patch(
-    "dynamo", "transformers.models.siglip2.modeling_siglip2.Siglip2VisionEmbeddings.resize_positional_embeddings"
+    "dynamo", "transformers.models.siglip2.modeling_siglip2.Siglip2VisionEmbeddings.resize_positional_embeddings",
+    model_side="Siglip2VisionEmbeddings.resize_positional_embeddings resizes the position grid for every image "
+               "at once with tensor-valued sizes (computed interpolation weights) instead of a Python loop over "
+               "the batch reading each spatial shape as numbers.",
 )
 def _patch_siglip2_positions_resized_as_tensors(original):
     """SigLIP 2 resizes its position grid to each image's patch grid in a Python loop over the batch, reading each
@@ -51,7 +59,12 @@ def _patch_siglip2_positions_resized_as_tensors(original):
     return resize_positional_embeddings
 
 
-@register_patch("dynamo", "transformers.models.lfm2_vl.modeling_lfm2_vl.Lfm2VlModel.get_image_features")
+@register_patch(
+    "dynamo", "transformers.models.lfm2_vl.modeling_lfm2_vl.Lfm2VlModel.get_image_features",
+    model_side="Lfm2VlModel.get_image_features gathers and projects every image's 2x2 patch blocks at once from "
+               "the padded rows instead of looping over `range(last_hidden_state.size(0))` to cut and fold each "
+               "image.",
+)
 def _patch_lfm2_vl_images_projected_at_once(original):
     """LFM2-VL projects its images one by one in a Python loop: it cuts each image's patches out of the padded rows,
     folds each 2x2 block of patches into one vector and projects them; the loop fixes the image count. Every image
@@ -154,8 +167,13 @@ def _anyres_packed(tiles, images: _AnyresImages, pinpoints, tile_size: int, newl
     return table[order[kept]], kept.sum(1)
 
 
-@register_patch("dynamo", *(f"transformers.models.{module}.modeling_{module}.{model}.get_image_features"
-                            for module, model in _ANYRES_MODELS), reports=True)
+@register_patch(
+    "dynamo", *(f"transformers.models.{module}.modeling_{module}.{model}.get_image_features"
+    for module, model in _ANYRES_MODELS), reports=True,
+    model_side="LlavaNextModel.get_image_features (and its LLaVA-NeXT-Video/OneVision/Granite 4 Vision copies) "
+               "count and cut each image's tiles with tensor arithmetic on image_sizes instead of per-image "
+               "Python loops over numbers read from image_sizes.",
+)
 def _patch_anyres_images_packed_at_once(original):
     """LLaVA-NeXT-style models read each image's size as numbers to count its tiles (the best of the configured
     resolutions), cut them out of the padded tiles, split the features per image and unpad each image's grid: the
@@ -181,8 +199,12 @@ def _patch_anyres_images_packed_at_once(original):
     return get_image_features
 
 
-@register_patch("dynamo", *(f"transformers.models.{module}.modeling_{module}.image_size_to_num_patches"
-                            for module, _ in _ANYRES_MODELS))
+@register_patch(
+    "dynamo", *(f"transformers.models.{module}.modeling_{module}.image_size_to_num_patches"
+    for module, _ in _ANYRES_MODELS),
+    model_side="image_size_to_num_patches (llava_next and copies) computes the tile count of every image as a "
+               "tensor from image_sizes instead of per-image Python arithmetic on `.tolist()` values.",
+)
 def _patch_anyres_tiles_counted_together(original):
     """`_AnyresImages` reads as one image holding every image's tiles."""
 
@@ -194,8 +216,12 @@ def _patch_anyres_tiles_counted_together(original):
     return image_size_to_num_patches
 
 
-@register_patch("dynamo", *(f"transformers.models.{module}.modeling_{module}.{model}.pack_image_features"
-                            for module, model in _ANYRES_MODELS))
+@register_patch(
+    "dynamo", *(f"transformers.models.{module}.modeling_{module}.{model}.pack_image_features"
+    for module, model in _ANYRES_MODELS),
+    model_side="LlavaNextModel.pack_image_features (and copies) unpads and lays out every image's grid at once "
+               "with masks/gathers over tensor sizes instead of a Python loop over images.",
+)
 def _patch_anyres_packs_at_once(original):
     """Given `_AnyresImages`, every image is packed at once (`_anyres_packed`), as one part of the per-image list.
     Granite 4 Vision's pack returns the list alone, the others the lengths too."""

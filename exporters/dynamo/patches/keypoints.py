@@ -56,8 +56,11 @@ def _superpoint_keypoints_at_once(model, pixel_values, output_hidden_states=None
     return output if use_dict else output.to_tuple()
 
 
-@register_patch("dynamo", "transformers.models.superpoint.modeling_superpoint.SuperPointForKeypointDetection.forward",
-                reports=True)
+@register_patch(
+    "dynamo", "transformers.models.superpoint.modeling_superpoint.SuperPointForKeypointDetection.forward",
+    reports=True,
+    upstream="https://github.com/huggingface/transformers/issues/48243",
+)
 def _patch_superpoint_keypoints_of_every_image_at_once(original):
     """SuperPoint detects and describes keypoints image by image in a Python loop (each image its own count, from
     `nonzero`) and pads them to the largest count: the loop fixes the batch, and the largest of several counts read
@@ -73,9 +76,12 @@ def _patch_superpoint_keypoints_of_every_image_at_once(original):
     return forward
 
 
-@register_patch("dynamo",
-                "transformers.models.lightglue.modeling_lightglue.LightGlueForKeypointMatching._match_image_pair",
-                reports=True)
+@register_patch(
+    "dynamo",
+    "transformers.models.lightglue.modeling_lightglue.LightGlueForKeypointMatching._match_image_pair",
+    reports=True,
+    upstream="https://github.com/huggingface/transformers/issues/48243",
+)
 def _patch_lightglue_stops_and_prunes_by_masks(original):
     """LightGlue stops each pair at the first layer confident enough (`if torch.any(stopped)`) and drops the
     keypoints it prunes from the next layers, so how much it computes is read from the data. Every layer runs on
@@ -139,9 +145,12 @@ def _patch_lightglue_stops_and_prunes_by_masks(original):
     return _match_image_pair
 
 
-@register_patch("dynamo", *(f"transformers.models.{module}.modeling_{module}.{model}._match_image_pair"
-                            for module, model in (("superglue", "SuperGlueForKeypointMatching"),
-                                                  ("lightglue", "LightGlueForKeypointMatching"))), reports=True)
+@register_patch(
+    "dynamo", *(f"transformers.models.{module}.modeling_{module}.{model}._match_image_pair"
+    for module, model in (("superglue", "SuperGlueForKeypointMatching"),
+    ("lightglue", "LightGlueForKeypointMatching"))), reports=True,
+    upstream="https://github.com/huggingface/transformers/issues/48243",
+)
 def _patch_keypoint_matching_of_two_keypoints_or_more(original):
     """SuperGlue and LightGlue branch on an empty keypoint set, and their attention on a single keypoint: with the
     count read from the data (`_patch_superpoint_keypoints_of_every_image_at_once`) the trace cannot take either

@@ -18,7 +18,12 @@ from ...registration import register_patch, report_applied
 # ── Stage 2: Model patches ───────────────────────────────────────────────────
 
 
-@register_patch("dynamo", "transformers.models.esm.modeling_esmfold.range", reports=True)
+@register_patch(
+    "dynamo", "transformers.models.esm.modeling_esmfold.range", reports=True,
+    model_side="EsmForProteinFolding.forward (modeling_esmfold) writes the end-of-sequence tokens with "
+               "`esmaa[torch.arange(B, device=esmaa.device), ends] = eosi` instead of indexing with Python "
+               "`range(B)`.",
+)
 def _patch_range_of_symbolic_batch_as_arange(original):
     """ESMFold marks each sequence's end with `esmaa[range(B), ends] = eos`: Python's `range` takes an int, which
     fixes a dynamic batch to the traced one. As an index, `arange(B)` selects the same rows and keeps B symbolic."""
@@ -32,7 +37,11 @@ def _patch_range_of_symbolic_batch_as_arange(original):
     return symbolic_range
 
 
-@register_patch("dynamo", "transformers.models.encodec.modeling_encodec.range", reports=True)
+@register_patch(
+    "dynamo", "transformers.models.encodec.modeling_encodec.range", reports=True,
+    model_side="EncodecModel.encode skips the Python `range(0, input_length, stride)` chunk loop when "
+               "config.chunk_length is None and encodes the whole input as the single chunk at offset 0.",
+)
 def _patch_encodec_one_chunk_as_one_offset(original):
     """Without a chunk length, Encodec encodes its whole input as one chunk, listed as `range(0, length, length)`:
     Python's `range` takes ints, which fixes a symbolic length. That range is the one offset 0."""
@@ -46,8 +55,13 @@ def _patch_encodec_one_chunk_as_one_offset(original):
     return chunk_offsets
 
 
-@register_patch("dynamo", "transformers.models.nemotron3_diarization.modeling_nemotron3_diarization.range",
-                "transformers.models.nemotron3_5_transcribe.modeling_nemotron3_5_transcribe.range", reports=True)
+@register_patch(
+    "dynamo", "transformers.models.nemotron3_diarization.modeling_nemotron3_diarization.range",
+    "transformers.models.nemotron3_5_transcribe.modeling_nemotron3_5_transcribe.range", reports=True,
+    model_side="Nemotron3DiarizationModel.forward and Nemotron3_5Transcribe's _get_chunks handle input that fits"
+               " in one chunk without iterating Python `range(start, num_frames, chunk_length)` over the "
+               "symbolic frame count (or chunk with tensor ops, e.g. a block-diagonal chunk attention mask).",
+)
 def _patch_nemotron_audio_of_one_chunk(original):
     """Nemotron's audio models encode long audio in chunks of `chunk_length` frames, listed by
     `range(start, frames, chunk_length)`: Python's `range` takes ints, which fixes a symbolic frame count. A program
@@ -69,8 +83,11 @@ def _patch_nemotron_audio_of_one_chunk(original):
 _TIMESFM = (("timesfm", "TimesFmModelForPrediction"), ("timesfm2_5", "TimesFm2_5ModelForPrediction"))
 
 
-@register_patch("dynamo", *(f"transformers.models.{module}.modeling_{module}.{model}.forward"
-                            for module, model in _TIMESFM), reports=True)
+@register_patch(
+    "dynamo", *(f"transformers.models.{module}.modeling_{module}.{model}.forward"
+    for module, model in _TIMESFM), reports=True,
+    upstream="https://github.com/huggingface/transformers/pull/45233",
+)
 def _patch_timesfm_series_as_one_batch(original):
     """TimesFM takes a list of series of any lengths and walks it series by series (their last context, their
     minimum, their padding): a batch tensor walked so fixes its size. Series of one length, handed over as one
@@ -86,8 +103,11 @@ def _patch_timesfm_series_as_one_batch(original):
     return forward
 
 
-@register_patch("dynamo", *(f"transformers.models.{module}.modeling_{module}.{model}._preprocess"
-                            for module, model in _TIMESFM))
+@register_patch(
+    "dynamo", *(f"transformers.models.{module}.modeling_{module}.{model}._preprocess"
+    for module, model in _TIMESFM),
+    upstream="https://github.com/huggingface/transformers/pull/45233",
+)
 def _patch_timesfm_batch_padded_at_once(original):
     """TimesFM's padding of `_patch_timesfm_series_as_one_batch`'s time-major batch, series by series as eager pads
     each: front zeros up to the context, or the context's last values, and the padding mask."""
@@ -112,7 +132,13 @@ def _patch_timesfm_batch_padded_at_once(original):
     return _preprocess
 
 
-@register_patch("dynamo", "transformers.models.blt.modeling_blt.byte_group_hash_function")
+@register_patch(
+    "dynamo", "transformers.models.blt.modeling_blt.byte_group_hash_function",
+    model_side="BltModel's byte_group_hash_function reads each n-gram window with one gather at computed indices"
+               " (no `unfold` over the symbolic length) and weighs the bytes with int64-wrapped prime powers "
+               "precomputed in Python and summed term by term, instead of `prime ** arange` and `.sum()` (which "
+               "ONNX Runtime's integer Pow/ReduceSum compute via doubles / with saturation).",
+)
 def _patch_blt_byte_groups_gathered(_original):
     """BLT hashes the byte n-grams ending at each position from `unfold` windows over the input padded in front.
     `unfold` on a symbolic length guards that the length holds a window, once per n-gram size, and the export came
@@ -138,7 +164,11 @@ def _patch_blt_byte_groups_gathered(_original):
     return byte_group_hash_function
 
 
-@register_patch("dynamo", "transformers.models.vits.modeling_vits.VitsAttention._get_relative_embeddings", reports=True)
+@register_patch(
+    "dynamo", "transformers.models.vits.modeling_vits.VitsAttention._get_relative_embeddings", reports=True,
+    model_side="VitsAttention._get_relative_embeddings pads its relative-position table by max(length - "
+               "(window_size + 1), 0) unconditionally instead of branching on `if pad_length > 0`.",
+)
 def _patch_vits_relative_embeddings_padded_always(original):
     """VITS pads its relative-position table only when the text is longer than its window (`if pad_length > 0`), a
     branch on the length the program then guards on. Padding by zero changes nothing, so it pads always, by the
@@ -156,7 +186,12 @@ def _patch_vits_relative_embeddings_padded_always(original):
     return get_relative_embeddings
 
 
-@register_patch("dynamo", "transformers.cache_utils.LinearAttentionLayer.update_conv_state", reports=True)
+@register_patch(
+    "dynamo", "transformers.cache_utils.LinearAttentionLayer.update_conv_state", reports=True,
+    model_side="transformers' LinearAttentionLayer.update_conv_state (cache_utils) pads the prefill conv states "
+               "by max(conv_kernel_size - length, 0) unconditionally instead of branching on `if "
+               "full_conv_states.shape[-1] < conv_kernel_size`.",
+)
 def _patch_conv_state_padded_to_its_kernel_always(original):
     """A hybrid model's first pass pads its convolution states to the kernel only when the prompt is shorter than
     the kernel, a branch on the length the program then guards on (LFM3, kernel 7 here: a 5-token prompt failed the
@@ -224,24 +259,28 @@ def _split_taken_whole(caller):
 @register_patch(
     "dynamo",
     *(f"transformers.models.{module}.modeling_{module}.{model}.get_image_features" for module, model in (
-        ("qwen2_vl", "Qwen2VLModel"), ("qwen2_5_vl", "Qwen2_5_VLModel"), ("qwen3_vl", "Qwen3VLModel"),
-        ("qwen3_vl_moe", "Qwen3VLMoeModel"), ("qwen3_5", "Qwen3_5Model"), ("qwen3_5_moe", "Qwen3_5MoeModel"),
-        ("qwen4_exp", "Qwen4ExpModel"), ("glm4v", "Glm4vModel"), ("glm4v_moe", "Glm4vMoeModel"),
-        ("glm46v", "Glm46VModel"), ("glm5_next", "Glm5NextModel"), ("glm_ocr", "GlmOcrModel"),
-        ("exaone4_5", "Exaone4_5_Model"), ("cohere_compass", "CohereCompassModel"),
-        ("cosmos3_omni", "Cosmos3OmniModel"), ("dots3_note", "Dots3NoteModel"),
-        ("hyperclovax_vision_v2", "HyperCLOVAXVisionV2Model"), ("idefics2", "Idefics2Model"),
-        ("idefics3", "Idefics3Model"), ("smolvlm", "SmolVLMModel"), ("granite_docling", "GraniteDoclingModel"),
-        ("modernvbert", "ModernVBertModel"), ("ultravbert", "UltraVBertModel"), ("mistral3", "Mistral3Model"),
-        ("mistral_large4", "MistralLarge4Model"), ("muse_spark", "MuseSparkModel"),
-        ("muse_glimmer", "MuseGlimmerModel"), ("kimi_k25", "Kimi_K25Model"),
-        ("paddleocr_vl", "PaddleOCRVLModel"), ("lfm3_vl", "Lfm3VlModel"), ("molmo2", "Molmo2Model"),
-        ("minimax_m3_vl", "MiniMaxM3VLModel"), ("cosmos3_edge", "Cosmos3EdgeModel"),
-        ("ernie4_5_vl_moe", "Ernie4_5_VLMoeModel"), ("video_llama_3", "VideoLlama3Model"),
-        ("inkling2", "Inkling2Model"), ("hunyuan_vl", "HunYuanVLModel"), ("qwen2_5_omni", "Qwen2_5OmniThinkerModel"),
-        ("qwen3_omni_moe", "Qwen3OmniMoeThinkerModel"))),
+    ("qwen2_vl", "Qwen2VLModel"), ("qwen2_5_vl", "Qwen2_5_VLModel"), ("qwen3_vl", "Qwen3VLModel"),
+    ("qwen3_vl_moe", "Qwen3VLMoeModel"), ("qwen3_5", "Qwen3_5Model"), ("qwen3_5_moe", "Qwen3_5MoeModel"),
+    ("qwen4_exp", "Qwen4ExpModel"), ("glm4v", "Glm4vModel"), ("glm4v_moe", "Glm4vMoeModel"),
+    ("glm46v", "Glm46VModel"), ("glm5_next", "Glm5NextModel"), ("glm_ocr", "GlmOcrModel"),
+    ("exaone4_5", "Exaone4_5_Model"), ("cohere_compass", "CohereCompassModel"),
+    ("cosmos3_omni", "Cosmos3OmniModel"), ("dots3_note", "Dots3NoteModel"),
+    ("hyperclovax_vision_v2", "HyperCLOVAXVisionV2Model"), ("idefics2", "Idefics2Model"),
+    ("idefics3", "Idefics3Model"), ("smolvlm", "SmolVLMModel"), ("granite_docling", "GraniteDoclingModel"),
+    ("modernvbert", "ModernVBertModel"), ("ultravbert", "UltraVBertModel"), ("mistral3", "Mistral3Model"),
+    ("mistral_large4", "MistralLarge4Model"), ("muse_spark", "MuseSparkModel"),
+    ("muse_glimmer", "MuseGlimmerModel"), ("kimi_k25", "Kimi_K25Model"),
+    ("paddleocr_vl", "PaddleOCRVLModel"), ("lfm3_vl", "Lfm3VlModel"), ("molmo2", "Molmo2Model"),
+    ("minimax_m3_vl", "MiniMaxM3VLModel"), ("cosmos3_edge", "Cosmos3EdgeModel"),
+    ("ernie4_5_vl_moe", "Ernie4_5_VLMoeModel"), ("video_llama_3", "VideoLlama3Model"),
+    ("inkling2", "Inkling2Model"), ("hunyuan_vl", "HunYuanVLModel"), ("qwen2_5_omni", "Qwen2_5OmniThinkerModel"),
+    ("qwen3_omni_moe", "Qwen3OmniMoeThinkerModel"))),
     "transformers.models.lfm3_vl.modeling_lfm3_vl.Lfm3VlVisionModel.forward",  # its grid, to its convolutions
     reports=True,
+    model_side="The Qwen-VL-style (Qwen2VLModel.get_image_features and copies) and Idefics-style "
+               "get_image_features return the packed image features as one tensor (with per-image sizes "
+               "alongside) instead of `torch.split(features, sizes.tolist())` / per-sample lists that forward "
+               "concatenates right back.",
 )
 def _patch_image_features_split_kept_whole(original):
     """Qwen-VL-style models split their packed image features into one tensor per image by sizes read from the
@@ -259,8 +298,12 @@ def _patch_image_features_split_kept_whole(original):
 @register_patch(
     "dynamo",
     *(f"transformers.models.{module}.modeling_{module}.{tower}.permute_input_for_window_attn" for module, tower in (
-        ("qwen2_5_vl", "Qwen2_5_VisionTransformerPretrainedModel"), ("qwen2_5_omni", "Qwen2_5OmniVisionEncoder"),
-        ("exaone4_5", "Exaone4_5_VisionModel"))),
+    ("qwen2_5_vl", "Qwen2_5_VisionTransformerPretrainedModel"), ("qwen2_5_omni", "Qwen2_5OmniVisionEncoder"),
+    ("exaone4_5", "Exaone4_5_VisionModel"))),
+    model_side="Qwen2_5_VisionTransformerPretrainedModel.permute_input_for_window_attn (and its "
+               "Qwen2.5-Omni/EXAONE 4.5 copies) reshapes with the explicit hidden size or gathers `window_index "
+               "* unit + arange(unit)` rows, so the merged-patch axis is not inferred by `-1` as the unbounded "
+               "`s // (s // unit)`.",
 )
 def _patch_window_order_sized_by_the_index(_original):
     """Qwen2.5-VL-style towers put their merged patches in window order by reshaping to (patches // unit, unit,
@@ -276,7 +319,12 @@ def _patch_window_order_sized_by_the_index(_original):
     return permute_input_for_window_attn
 
 
-@register_patch("dynamo", "torch.nn.ModuleList.__getitem__", reports=True)
+@register_patch(
+    "dynamo", "torch.nn.ModuleList.__getitem__", reports=True,
+    model_side="Qwen3OmniMoeTalkerCodePredictorModelForConditionalGeneration.forward keeps its per-step heads as"
+               " one stacked weight indexed by generation_steps (a tensor index) instead of "
+               "`self.lm_head[generation_steps]` on an nn.ModuleList with a shape-derived Python int.",
+)
 def _patch_linear_picked_by_a_symbolic_index(original):
     """A list of like linear layers indexed by a symbolic number (Qwen3-Omni's code predictor picks its head by the
     prompt's length) would need a Python index, which fixes the length. One layer whose weight is the stacked
@@ -302,6 +350,9 @@ def _patch_linear_picked_by_a_symbolic_index(original):
     "transformers.models.sew.modeling_sew.SEWEncoder.forward",
     "transformers.models.sew_d.modeling_sew_d.SEWDEncoder.forward",
     reports=True,
+    model_side="SEWEncoder.forward and SEWDEncoder.forward pad the upsampled frames by max(n_input_timesteps - "
+               "upsampled_length, 0) unconditionally instead of branching on `if hidden_states.shape[1] < "
+               "n_input_timesteps`.",
 )
 def _patch_sew_upsampled_to_its_input_length(original):
     """SEW pools its frames by the squeeze factor and upsamples them back, then pads the one frame an odd count
@@ -326,7 +377,12 @@ def _patch_sew_upsampled_to_its_input_length(original):
     return forward
 
 
-@register_patch("dynamo", "transformers.models.csm.modeling_csm.CsmCodebooksHead.forward", reports=True)
+@register_patch(
+    "dynamo", "transformers.models.csm.modeling_csm.CsmCodebooksHead.forward", reports=True,
+    model_side="CsmCodebooksHead.forward computes all positions with one batched product (e.g. "
+               "torch.einsum('bph,phv->bpv', hidden_states, codebook_weight)) instead of a Python loop over "
+               "`range(codebook_weight.shape[0])`.",
+)
 def _patch_csm_codebook_heads_as_one_product(original):
     """CSM's depth decoder gives each position its own codebook head, one matrix product per position in a Python
     loop over the length, which fixed the length. One batched product over the positions is the same."""
@@ -341,8 +397,13 @@ def _patch_csm_codebook_heads_as_one_product(original):
     return forward
 
 
-@register_patch("dynamo", "transformers.models.cpmant.modeling_cpmant.CpmAntModel._prepare_attention_mask",
-                reports=True)
+@register_patch(
+    "dynamo", "transformers.models.cpmant.modeling_cpmant.CpmAntModel._prepare_attention_mask",
+    reports=True,
+    model_side="CpmAntModel._prepare_attention_mask builds its left-padding distances with a descending "
+               "torch.arange(seqlen - prompt_length - 1, -1, -1) instead of "
+               "`torch.tensor(list(range(...))[::-1])`.",
+)
 def _patch_cpmant_padding_mask_by_arange(original):
     """CPM-Ant marks its left padding against the distance of each position from the end, built as a Python list
     of the text's length (`list(range(...))[::-1]`), which fixed the length. A descending `arange` is that list."""
@@ -368,6 +429,9 @@ def _patch_cpmant_padding_mask_by_arange(original):
     "dynamo",
     "transformers.models.moonshine.modeling_moonshine.MoonshinePreTrainedModel._get_feat_extract_output_lengths",
     reports=True,
+    model_side="MoonshinePreTrainedModel._get_feat_extract_output_lengths computes each convolution's output "
+               "length with floor division `(length - kernel) // stride + 1` instead of `int((length - kernel) /"
+               " stride + 1)`.",
 )
 def _patch_moonshine_conv_lengths_floor_divided(original):
     """Moonshine computes its convolutions' output length as `int((length - kernel) / stride + 1)`: a true division
@@ -386,7 +450,12 @@ def _patch_moonshine_conv_lengths_floor_divided(original):
     return _get_feat_extract_output_lengths
 
 
-@register_patch("dynamo", "transformers.models.neucodec.modeling_neucodec.NeuCodecModel.forward", reports=True)
+@register_patch(
+    "dynamo", "transformers.models.neucodec.modeling_neucodec.NeuCodecModel.forward", reports=True,
+    model_side="NeuCodecModel.forward cuts the decoded audio at `num_samples * output_sample_rate // "
+               "input_sample_rate` (integer arithmetic) instead of `int(num_samples * factor)` with a float "
+               "ratio.",
+)
 def _patch_neucodec_output_length_in_integers(original):
     """NeuCodec decodes at another sampling rate than it reads and cuts the audio at `int(samples * factor)`, the
     factor a float ratio of the two rates: `int()` of a symbolic length can only fix the length. The same cut is
@@ -413,7 +482,11 @@ def _patch_neucodec_output_length_in_integers(original):
     return forward
 
 
-@register_patch("dynamo", "transformers.models.xcodec.modeling_xcodec.conv1d_output_length", reports=True)
+@register_patch(
+    "dynamo", "transformers.models.xcodec.modeling_xcodec.conv1d_output_length", reports=True,
+    model_side="transformers' conv1d_output_length (used by Xcodec) returns `numerator // stride + 1` instead of"
+               " `int(numerator / stride + 1)`.",
+)
 def _patch_conv1d_output_length_floor_divided(original):
     """transformers' `conv1d_output_length` is the same `int(numerator / stride + 1)` as Moonshine's (Xcodec checks
     its acoustic and semantic frame counts agree by it): the floor division, for a numerator a convolution
@@ -440,6 +513,9 @@ def _conv_output_length(length, kernel, stride, padding=0, dilation=1):
     "transformers.models.patchtst.modeling_patchtst.forecast_masking",
     "transformers.models.patchtsmixer.modeling_patchtsmixer.forecast_masking",
     reports=True,
+    model_side="PatchTST's and PatchTSMixer's forecast_masking build the mask with tensor ops (a comparison of "
+               "patch positions with a per-sample masked length, e.g. from torch.randperm/bucketize) instead of "
+               "splitting the batch into groups by Python ints of the batch size.",
 )
 def _patch_forecast_masking_of_one_length(original):
     """PatchTST's and PatchTSMixer's forecast masking hides the last patches of each sample, samples split into
@@ -468,8 +544,12 @@ def _patch_forecast_masking_of_one_length(original):
     return forecast_masking
 
 
-@register_patch("dynamo", "transformers.models.musicflamingo.modeling_musicflamingo.MusicFlamingoModel"
-                "._build_audio_timestamps", reports=True)
+@register_patch(
+    "dynamo", "transformers.models.musicflamingo.modeling_musicflamingo.MusicFlamingoModel"
+    "._build_audio_timestamps", reports=True,
+    model_side="MusicFlamingoModel._build_audio_timestamps counts the rows before each clip as `cumsum(rows) - "
+               "rows` instead of prepending a zero to `cumsum(rows)[:-1]`.",
+)
 def _patch_music_flamingo_rows_before_by_subtraction(original):
     """Music Flamingo counts the encoder rows before each clip as a zero followed by all but the last running sum
     (`cumsum(...)[:-1]`): slicing one off a symbolic count makes torch ask whether the rest is shorter than two,
@@ -495,7 +575,10 @@ def _patch_music_flamingo_rows_before_by_subtraction(original):
     return _build_audio_timestamps
 
 
-@register_patch("dynamo", "torch.nn.utils.rnn.pad_sequence", reports=True)
+@register_patch(
+    "dynamo", "torch.nn.utils.rnn.pad_sequence", reports=True,
+    upstream="https://github.com/pytorch/pytorch/issues/127153",
+)
 def _patch_pad_sequence_to_symbolic_longest(original):
     """Sequences whose lengths are read from data (Qwen-Omni's audio chunks, SeamlessM4T's vocoder units) are padded
     to the longest with `pad_sequence`, which the trace keeps as one op; the decompositions torch.onnx and

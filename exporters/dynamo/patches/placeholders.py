@@ -15,7 +15,12 @@ from .grids import geometry_baked
 # ── Stage 2: Model patches ───────────────────────────────────────────────────
 
 
-@register_patch("dynamo", "transformers.models.hunyuan_vl.modeling_hunyuan_vl.HunYuanVLModel.get_placeholder_mask")
+@register_patch(
+    "dynamo", "transformers.models.hunyuan_vl.modeling_hunyuan_vl.HunYuanVLModel.get_placeholder_mask",
+    model_side="HunYuanVLModel.get_placeholder_mask checks the placeholder count against the image features with"
+               " torch_compilable_check / torch._check_tensor_all, as transformers' other VLMs do, instead of a "
+               "Python `if` on the size of a boolean selection.",
+)
 def _patch_hunyuan_vl_placeholder_check_as_tensor(original):
     """HunYuan-VL compares its placeholder count with its image features by a Python `if` on the size of a
     boolean selection, a branch on tensor values. The same check as a tensor condition, as transformers' other
@@ -31,8 +36,13 @@ def _patch_hunyuan_vl_placeholder_check_as_tensor(original):
     return get_placeholder_mask
 
 
-@register_patch("dynamo", "transformers.models.glm_image.modeling_glm_image.GlmImageModel"
-                            ".get_image_grids_for_generation", reports=True)
+@register_patch(
+    "dynamo", "transformers.models.glm_image.modeling_glm_image.GlmImageModel"
+    ".get_image_grids_for_generation", reports=True,
+    model_side="GlmImageModel.get_image_grids_for_generation drops each sample's last (generated) grid with one "
+               "boolean/index mask computed from `images_per_sample` instead of splitting by "
+               "`images_per_sample.tolist()`.",
+)
 def _patch_glm_image_source_grids_by_mask(original):
     """GLM-Image drops each sample's last grid (the image it generates) by splitting the grids by
     `images_per_sample.tolist()`: it fixes the sample and image counts. The same rows kept by one mask."""
@@ -48,8 +58,13 @@ def _patch_glm_image_source_grids_by_mask(original):
     return get_image_grids_for_generation
 
 
-@register_patch("dynamo", "transformers.models.glm_image.modeling_glm_image.GlmImageModel.get_image_features",
-                reports=True)
+@register_patch(
+    "dynamo", "transformers.models.glm_image.modeling_glm_image.GlmImageModel.get_image_features",
+    reports=True,
+    model_side="GlmImageModel.get_image_features runs its VQ tokenizer over all images' cells as one map (it is "
+               "per-cell: 1x1 conv then nearest code) instead of splitting features by `.tolist()` sizes and "
+               "tokenizing image by image.",
+)
 def _patch_glm_image_features_as_one_map(original):
     """GLM-Image lays each image's features out as its own map, split by `.tolist()` sizes, and its VQ tokenizer
     runs on each map in turn: the image count is fixed. The tokenizer works cell by cell (a 1x1 convolution, then
@@ -70,7 +85,11 @@ def _patch_glm_image_features_as_one_map(original):
     return accepts_precomputed_kwargs(modality="image")(can_return_tuple(get_image_features))
 
 
-@register_patch("dynamo", "transformers.models.glm_image.modeling_glm_image.GlmImageModel.get_placeholder_mask")
+@register_patch(
+    "dynamo", "transformers.models.glm_image.modeling_glm_image.GlmImageModel.get_placeholder_mask",
+    model_side="GlmImageModel.get_placeholder_mask checks the placeholder count against the image tokens with "
+               "torch_compilable_check / torch._check_tensor_all instead of a Python `if` on a tensor value.",
+)
 def _patch_glm_image_placeholder_check_as_tensor(_original):
     """GLM-Image checks its placeholder count against its image tokens with a Python `if` on a tensor's value, as
     HunYuan-VL does (see `_patch_hunyuan_vl_placeholder_check_as_tensor`): the same check as a tensor condition."""
@@ -90,6 +109,9 @@ def _patch_glm_image_placeholder_check_as_tensor(_original):
     "transformers.models.inkling.modeling_inkling.InklingModel.get_placeholder_mask",
     "transformers.models.inkling2.modeling_inkling2.Inkling2Model.get_placeholder_mask",
     reports=True,
+    model_side="VoxtralModel / InklingModel / Inkling2Model.get_placeholder_mask check `mask.sum() * hidden_size"
+               " == features.numel()` as a tensor condition (torch_compilable_check) instead of comparing the "
+               "size of a boolean selection, which with a symbolic batch trips torch's range bookkeeping.",
 )
 def _patch_placeholder_count_checked_by_sum(original):
     """Voxtral and Inkling (1 and 2) check their placeholders against their features by the size of a boolean selection:

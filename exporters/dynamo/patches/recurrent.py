@@ -12,7 +12,12 @@ from ...registration import register_patch, report_applied
 # ── Stage 2: Model patches ───────────────────────────────────────────────────
 
 
-@register_patch("dynamo", "torch.nn.functional.max_pool1d", reports=True)
+@register_patch(
+    "dynamo", "torch.nn.functional.max_pool1d", reports=True,
+    model_side="upstream change: torch's aten::max_pool1d (check_max_pool1d / max_pool1d_impl in MaxPooling.cpp)"
+               " computes its output width from SymInt sizes instead of guarding the input length to an int, so "
+               "a symbolic sequence length is not specialized.",
+)
 def _patch_max_pool1d_by_windows(original):
     """The 1-D max-pooling kernel reads the sequence length as an int, so a symbolic length gets fixed (CANINE pools
     its character mask into molecules with it). Windows that tile the sequence (stride = kernel, no padding) are a
@@ -41,8 +46,11 @@ def _patch_max_pool1d_by_windows(original):
 @register_patch(
     "dynamo",
     *(f"transformers.models.{name}.modeling_{name}.mamba_selective_scan"
-      for name in ("mamba", "falcon_mamba", "jamba", "zamba")),
+    for name in ("mamba", "falcon_mamba", "jamba", "zamba")),
     reports=True,
+    model_side="transformers' mamba_selective_scan (mamba, falcon_mamba, jamba, zamba) runs its CPU fallback "
+               "recurrence with torch's scan higher-order op (or a cumsum/parallel-scan formulation) instead of "
+               "a Python loop over time steps.",
 )
 def _patch_selective_scan_as_scan_op(original):
     """Without their CUDA kernels, Mamba's selective scans loop over the time steps in Python: a symbolic sequence
@@ -82,8 +90,12 @@ def _patch_selective_scan_as_scan_op(original):
     return mamba_selective_scan
 
 
-@register_patch("dynamo", "transformers.models.recurrent_gemma.modeling_recurrent_gemma.RecurrentGemmaRglru._rnn_scan",
-                reports=True)
+@register_patch(
+    "dynamo", "transformers.models.recurrent_gemma.modeling_recurrent_gemma.RecurrentGemmaRglru._rnn_scan",
+    reports=True,
+    model_side="RecurrentGemmaRglru._rnn_scan runs its linear recurrence with torch's scan op (or an "
+               "associative/cumulative formulation) instead of a Python loop over time steps.",
+)
 def _patch_rg_lru_scan_as_scan_op(original):
     """RecurrentGemma's linear recurrence loops over the time steps in Python, as Mamba's scans do (see
     `_patch_selective_scan_as_scan_op`): `scan` runs the same steps for a symbolic length."""
@@ -108,7 +120,11 @@ def _patch_rg_lru_scan_as_scan_op(original):
     return _rnn_scan
 
 
-@register_patch("dynamo", "transformers.models.rwkv.modeling_rwkv.rwkv_linear_attention_cpu", reports=True)
+@register_patch(
+    "dynamo", "transformers.models.rwkv.modeling_rwkv.rwkv_linear_attention_cpu", reports=True,
+    model_side="transformers' rwkv_linear_attention_cpu carries numerator, denominator and running maximum "
+               "through torch's scan op instead of a Python loop over time steps.",
+)
 def _patch_rwkv_attention_as_scan_op(original):
     """RWKV's attention without its CUDA kernel loops over the time steps in Python, as Mamba's scans do (see
     `_patch_selective_scan_as_scan_op`): `scan` carries its numerator, denominator and running maximum through the
@@ -143,7 +159,12 @@ def _patch_rwkv_attention_as_scan_op(original):
     return rwkv_linear_attention_cpu
 
 
-@register_patch("dynamo", "transformers.models.xlstm.modeling_xlstm.xLSTMBackend.forward", reports=True)
+@register_patch(
+    "dynamo", "transformers.models.xlstm.modeling_xlstm.xLSTMBackend.forward", reports=True,
+    model_side="xLSTMBackend.forward in inference mode runs the recurrent mLSTM step with torch's scan op for "
+               "any length instead of chunkwise kernels on whole 64-step chunks plus a Python loop over the "
+               "remainder.",
+)
 def _patch_mlstm_inference_as_scan_op(original):
     """xLSTM's inference kernel runs whole chunks of 64 steps in its chunkwise form and the rest one step at a time
     in a Python loop; both fix a symbolic length. The recurrent step is the same recurrence the chunkwise form
@@ -182,7 +203,10 @@ def _patch_mlstm_inference_as_scan_op(original):
     return forward
 
 
-@register_patch("dynamo", "torch.nn.LSTM.forward", reports=True)
+@register_patch(
+    "dynamo", "torch.nn.LSTM.forward", reports=True,
+    upstream="https://github.com/pytorch/pytorch/issues/115092",
+)
 def _patch_lstm_as_scan_op(original):
     """`nn.LSTM` traces as one `aten.lstm` op whose shape rule fixes the sequence length (Parakeet's and Nemotron's
     transducer decoders). For a symbolic length each layer and direction is a `scan` over the time
@@ -236,7 +260,12 @@ def _patch_lstm_as_scan_op(original):
     return forward
 
 
-@register_patch("dynamo", "transformers.models.funnel.modeling_funnel._relative_shift_gather")
+@register_patch(
+    "dynamo", "transformers.models.funnel.modeling_funnel._relative_shift_gather",
+    model_side="transformers' funnel _relative_shift_gather reads the shifted relative-position scores with one "
+               "index gather computed arithmetically instead of reshaping the score matrix to another width and "
+               "back (which asks the trace to prove divisibilities of a symbolic length).",
+)
 def _patch_funnel_relative_shift_indexed(_original):
     """Funnel shifts its relative-position scores by reshaping the score matrix to another width and back, which
     with a symbolic length asks the trace to prove divisibilities it cannot, so the program keeps only lengths like
@@ -261,15 +290,26 @@ def _patch_funnel_relative_shift_indexed(_original):
 _DELTA_RULE_MODULES = ("olmo_hybrid", "qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen4_exp")
 
 
-@register_patch("dynamo", *(f"transformers.models.{name}.modeling_{name}.is_torchdynamo_exporting"
-                            for name in _DELTA_RULE_MODULES))  # fmt: skip
+@register_patch(
+    "dynamo", *(f"transformers.models.{name}.modeling_{name}.is_torchdynamo_exporting"
+    for name in _DELTA_RULE_MODULES),
+    model_side="The gated-delta-rule chunk functions in qwen3_next / qwen3_5 / qwen3_5_moe / olmo_hybrid / "
+               "qwen4_exp invert the unit lower-triangular UT system under export with a log-depth product form "
+               "((I+N)(I+N^2)...) instead of the row-by-row forward-substitution loop they take when "
+               "is_torchdynamo_exporting().",
+)  # fmt: skip
 def _patch_delta_rule_solves_as_eager(_original):
     """The trace takes eager's branch, the triangular solve, which `_patch_unit_triangular_solve_as_products`
     expresses in matrix products."""
     return lambda: False
 
 
-@register_patch("dynamo", "torch.linalg.solve_triangular", reports=True)
+@register_patch(
+    "dynamo", "torch.linalg.solve_triangular", reports=True,
+    model_side="upstream change: the ONNX exporter (onnxscript torchlib) and ExecuTorch provide a "
+               "lowering/kernel for aten.linalg_solve_triangular (at least the unit lower-triangular case), so "
+               "the solve need not be rewritten as matrix products.",
+)
 def _patch_unit_triangular_solve_as_products(original):
     """For a unit lower-triangular ``A = I - N`` (``N`` strictly lower, so ``N**n = 0``), ``A⁻¹ = I + N + N² + …``,
     which is ``(I + N)(I + N²)(I + N⁴)…``: about 2·log2(n) matrix products, exact up to rounding."""
@@ -294,8 +334,13 @@ def _patch_unit_triangular_solve_as_products(original):
     return solve_triangular
 
 
-@register_patch("dynamo", *(f"transformers.models.{name}.modeling_{name}.chunk_kimi_delta_attention"
-                            for name in ("bailing_hybrid", "glm5_next", "kimi_linear")), reports=True)  # fmt: skip
+@register_patch(
+    "dynamo", *(f"transformers.models.{name}.modeling_{name}.chunk_kimi_delta_attention"
+    for name in ("bailing_hybrid", "glm5_next", "kimi_linear")), reports=True,
+    model_side="chunk_kimi_delta_attention (kimi_linear, glm5_next, bailing_hybrid) uses a chunk no longer than "
+               "the text (min(64, seq_len)) or inverts each chunk's triangular system with matrix products, "
+               "instead of always unrolling a row-by-row inverse over a full 64-token chunk.",
+)  # fmt: skip
 def _patch_kimi_delta_chunks_fit_a_static_text(original):
     """Kimi delta attention (GLM-5 Next, Bailing Hybrid) inverts each chunk's triangular system row by row, always,
     one traced step per row of a 64-token chunk, whatever the text's length. The chunk is the algorithm's unit of

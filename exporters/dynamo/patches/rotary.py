@@ -16,6 +16,8 @@ from ...registration import register_patch
     "dynamo",
     "transformers.models.deepseek_v2.modeling_deepseek_v2.DeepseekV2RotaryEmbedding.forward",
     "transformers.models.llama4.modeling_llama4.Llama4TextRotaryEmbedding.forward",
+    model_side="DeepseekV2RotaryEmbedding and Llama4TextRotaryEmbedding return real (cos, sin) tables instead of"
+               " a complex `torch.polar` table.",
 )
 def _patch_complex_rotary_as_pairs(_original):
     """DeepSeek-V2 and Llama 4 make their rotary table complex (`torch.polar`) and rotate with complex products:
@@ -43,6 +45,8 @@ def rotate_pairs(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
     "dynamo",
     "transformers.models.deepseek_v2.modeling_deepseek_v2.apply_rotary_emb",
     "transformers.models.llama4.modeling_llama4.apply_rotary_emb",
+    model_side="DeepSeek-V2's and Llama 4's apply_rotary_emb rotate the (even, odd) pairs in real arithmetic "
+               "with the cos/sin tables instead of `view_as_complex` products and `view_as_real`.",
 )
 def _patch_rotate_pairs(original):
     """The rotation half of `_patch_complex_rotary_as_pairs`. DeepSeek-V2 rotates (batch, heads, seq, dim) and

@@ -19,6 +19,9 @@ from ...registration import register_patch
     "dynamo",
     "transformers.models.longformer.modeling_longformer.LongformerSelfAttention.forward",
     "transformers.models.led.modeling_led.LEDEncoderSelfAttention.forward",
+    model_side="LongformerSelfAttention.forward (and LEDEncoderSelfAttention.forward) compute global attention "
+               "with fixed-size masks over the whole sequence instead of gathering global tokens with nonzero() "
+               "and branching on `is_index_global_attn.flatten().any().item()`.",
 )
 def _patch_longformer_attention_dense(original):
     """Longformer (and LED's encoder) gathers its global tokens with `nonzero()` into a list as long as the most
@@ -85,7 +88,12 @@ def _seeded_rotations(seed):
         torch.randn = draw
 
 
-@register_patch("dynamo", "transformers.models.reformer.modeling_reformer.AxialPositionEmbeddings.forward")
+@register_patch(
+    "dynamo", "transformers.models.reformer.modeling_reformer.AxialPositionEmbeddings.forward",
+    model_side="Reformer's AxialPositionEmbeddings.forward looks up positions with one gather from the full "
+               "axial table instead of cutting it to `max(position_ids).item()` rows and looping over the batch "
+               "in Python.",
+)
 def _patch_reformer_axial_positions_gathered(original):
     """At inference Reformer cuts its axial table to the rows its largest position id needs (`.item()`), then looks
     up each sample's positions in a Python loop over the batch, which fixed the batch. The rows cut away are never
@@ -109,7 +117,12 @@ def _padded_along_sequence(tensor, padded_length, filler):
     return result
 
 
-@register_patch("dynamo", "transformers.models.led.modeling_led.LEDEncoder._pad_to_window_size")
+@register_patch(
+    "dynamo", "transformers.models.led.modeling_led.LEDEncoder._pad_to_window_size",
+    model_side="LEDEncoder._pad_to_window_size always pads (by 1..window tokens, or computes the pad amount "
+               "without a Python `if padding_len > 0` branch) so the traced graph does not specialize on the "
+               "sequence length's remainder.",
+)
 def _patch_led_pads_at_least_one_token(original):
     """LED pads its input to a multiple of the attention window only when it is not one (`if padding_len > 0`, and
     unpads likewise): on a dynamic length the trace keeps one branch and guards on the length's remainder. Padding
@@ -132,7 +145,12 @@ def _patch_led_pads_at_least_one_token(original):
     return _pad_to_window_size
 
 
-@register_patch("dynamo", "transformers.models.reformer.modeling_reformer.ReformerModel._pad_to_mult_of_chunk_length")
+@register_patch(
+    "dynamo", "transformers.models.reformer.modeling_reformer.ReformerModel._pad_to_mult_of_chunk_length",
+    model_side="ReformerModel._pad_to_mult_of_chunk_length builds its padding with nn.functional.pad (a size "
+               "computed symbolically from the length) instead of concatenating a freshly created tensor whose "
+               "traced length gets fixed.",
+)
 def _patch_reformer_padding_written_over(original):
     """Reformer pads its tokens to a multiple of its chunk length by concatenating a tensor as long as the padding,
     whose length of 1 the trace fixed (and with it the length's remainder)."""
@@ -159,7 +177,11 @@ def _patch_reformer_padding_written_over(original):
     return _pad_to_mult_of_chunk_length
 
 
-@register_patch("dynamo", "transformers.models.reformer.modeling_reformer.LSHSelfAttention._hash_vectors")
+@register_patch(
+    "dynamo", "transformers.models.reformer.modeling_reformer.LSHSelfAttention._hash_vectors",
+    model_side="LSHSelfAttention._hash_vectors always assigns padding tokens to an extra bucket with tensor ops "
+               "(torch.where on the mask) instead of branching on `attention_mask.sum().item()`.",
+)
 def _patch_reformer_padding_bucket_as_tensors(original):
     """Reformer's LSH attention adds a bucket for padding tokens when `attention_mask.sum().item()` shows padding, a
     branch on tensor values. Both branches in tensor arithmetic: the buckets hashed without the mask, padding tokens
@@ -182,7 +204,12 @@ def _patch_reformer_padding_bucket_as_tensors(original):
     return _hash_vectors
 
 
-@register_patch("dynamo", "transformers.models.funnel.modeling_funnel.FunnelAttentionStructure.get_position_embeds")
+@register_patch(
+    "dynamo", "transformers.models.funnel.modeling_funnel.FunnelAttentionStructure.get_position_embeds",
+    model_side="FunnelAttentionStructure.get_position_embeds derives its relative distances from symbolic "
+               "first/last positions and counts instead of materialising `list(range(seq_len))` in Python and "
+               "pooling it block by block.",
+)
 def _patch_funnel_positions_by_their_ends(original):
     """Funnel's relative-shift attention lists every token position in Python (`list(range(seq_len))`) and pools
     the list block by block, which fixes the sequence length in the trace. Its relative distances read only the

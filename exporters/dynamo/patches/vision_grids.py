@@ -17,8 +17,13 @@ from .lengths import WholeSplit
 # ── Stage 2: Model patches ───────────────────────────────────────────────────
 
 
-@register_patch("dynamo", "transformers.models.ernie4_5_vl_moe.modeling_ernie4_5_vl_moe"
-                            ".Ernie4_5_VLMoeVariableResolutionResamplerModel._temporal_slicing", reports=True)
+@register_patch(
+    "dynamo", "transformers.models.ernie4_5_vl_moe.modeling_ernie4_5_vl_moe"
+    ".Ernie4_5_VLMoeVariableResolutionResamplerModel._temporal_slicing", reports=True,
+    model_side="Ernie4_5_VLMoeVariableResolutionResamplerModel._temporal_slicing pairs even/odd frames for all "
+               "videos at once with index tensors derived from `grid_thw` instead of Python loops over "
+               "`grid_thw` and range(frame count).",
+)
 def _patch_ernie_vl_frame_pairs_at_once(original):
     """Ernie 4.5-VL's resampler pairs each video's even frames with its odd ones (an image with itself) in a loop over
     `grid_thw` and Python ranges of its frame counts: it fixes the image count. Every merged token's two rows at once
@@ -43,8 +48,12 @@ def _patch_ernie_vl_frame_pairs_at_once(original):
     return _temporal_slicing
 
 
-@register_patch("dynamo", "transformers.models.video_llama_3.modeling_video_llama_3.VideoLlama3VisionModel"
-                            ".pixel_unshuffle", reports=True)
+@register_patch(
+    "dynamo", "transformers.models.video_llama_3.modeling_video_llama_3.VideoLlama3VisionModel"
+    ".pixel_unshuffle", reports=True,
+    model_side="VideoLlama3VisionModel.pixel_unshuffle downsamples every image's merge blocks at once (a batched"
+               " gather with the bilinear weights) instead of interpolating image by image over `grid_thw`.",
+)
 def _patch_video_llama3_blocks_shrunk_at_once(original):
     """VideoLLaMA 3's tower lays each image's merge blocks back out in rows and shrinks the grid by the image's merge
     size (bilinear), image by image over `grid_thw`: it fixes the image count. A shrink by a whole factor samples
@@ -74,8 +83,13 @@ def _patch_video_llama3_blocks_shrunk_at_once(original):
     return pixel_unshuffle
 
 
-@register_patch("dynamo", "transformers.models.hunyuan_vl.modeling_hunyuan_vl.HunYuanVLVisionPatchEmbed.forward",
-                reports=True)
+@register_patch(
+    "dynamo", "transformers.models.hunyuan_vl.modeling_hunyuan_vl.HunYuanVLVisionPatchEmbed.forward",
+    reports=True,
+    model_side="HunYuanVLVisionPatchEmbed.forward computes every patch's resized position embedding for all "
+               "images at once (precomputed interpolation taps) instead of interpolating the position table "
+               "image by image over `grid_thw`.",
+)
 def _patch_hunyuan_vl_positions_resized_at_once(original):
     """HunYuan-VL resizes its position table to each image's grid, image by image over `grid_thw`: it fixes the
     image count. Every patch's position at once instead, from transformers' taps for all images."""
@@ -96,8 +110,12 @@ def _patch_hunyuan_vl_positions_resized_at_once(original):
     return forward
 
 
-@register_patch("dynamo", "transformers.models.hunyuan_vl.modeling_hunyuan_vl.HunYuanVLVisionTransformer.forward",
-                reports=True)
+@register_patch(
+    "dynamo", "transformers.models.hunyuan_vl.modeling_hunyuan_vl.HunYuanVLVisionTransformer.forward",
+    reports=True,
+    model_side="HunYuanVLVisionTransformer.forward merges patches, appends row newlines and begin/end tokens for"
+               " all images in one batched gather instead of a Python loop over `grid_thw.tolist()`.",
+)
 def _patch_hunyuan_vl_images_merged_at_once(original):
     """HunYuan-VL's tower merges each image's patches (a strided convolution), ends each merged row with a newline
     and puts the image between begin and end tokens, image by image over `grid_thw.tolist()`: it fixes the image
@@ -153,8 +171,13 @@ def _hunyuan_vl_merged(merger, patches, grid_thw):
     return merger.after_rms(tokens)
 
 
-@register_patch("dynamo", "transformers.models.radio.modeling_radio.RadioPatchEmbeddings._embed_packed_patches",
-                reports=True)
+@register_patch(
+    "dynamo", "transformers.models.radio.modeling_radio.RadioPatchEmbeddings._embed_packed_patches",
+    reports=True,
+    model_side="RadioPatchEmbeddings._embed_packed_patches embeds all packed images at once (prefix tokens and "
+               "patches with their resized positions gathered by index tensors) instead of a Python loop over "
+               "`image_grid_hw.tolist()`.",
+)
 def _patch_radio_packed_images_at_once(original):
     """RADIO embeds packed images one by one over `image_grid_hw.tolist()` (its class and register tokens, then its
     patches with the position table resized to a square of its longer side, cropped): it fixes the image count.
@@ -180,8 +203,12 @@ def _patch_radio_packed_images_at_once(original):
     return _embed_packed_patches
 
 
-@register_patch("dynamo", "transformers.models.nemotron_h_omni.modeling_nemotron_h_omni.NemotronH_Omni_Reasoning_V3"
-                            ".get_image_features", reports=True)
+@register_patch(
+    "dynamo", "transformers.models.nemotron_h_omni.modeling_nemotron_h_omni.NemotronH_Omni_Reasoning_V3"
+    ".get_image_features", reports=True,
+    model_side="NemotronH_Omni_Reasoning_V3.get_image_features pixel-shuffles every image's 2x2 patch blocks in "
+               "one batched gather instead of a loop over `image_grid_hw.tolist()`.",
+)
 def _patch_nemotron_h_omni_images_shuffled_at_once(original):
     """Nemotron-H Omni pixel-shuffles each image's features (every 2 x 2 block of patches into one token) image by
     image over `image_grid_hw.tolist()`: it fixes the image count. The shuffle lays out each block's patches in their
@@ -214,7 +241,12 @@ def _patch_nemotron_h_omni_images_shuffled_at_once(original):
     return can_return_tuple(get_image_features)
 
 
-@register_patch("dynamo", "transformers.models.lfm3_vl.modeling_lfm3_vl.Lfm3VlVisionShortConv.forward", reports=True)
+@register_patch(
+    "dynamo", "transformers.models.lfm3_vl.modeling_lfm3_vl.Lfm3VlVisionShortConv.forward", reports=True,
+    model_side="Lfm3VlVisionShortConv.forward applies its depthwise convolution to all frames at once via "
+               "neighbour-index gathers in the merge-block layout (or a padded batched conv) instead of a Python"
+               " loop over the grid's `.tolist()`.",
+)
 def _patch_lfm3_vl_convolution_by_neighbours(original):
     """LFM3-VL's vision layers convolve each frame on its own grid, in a loop over the grid's `.tolist()`: it fixes the
     image count. Every patch at once instead: for each tap of the depthwise kernel, the neighbour patch at that
@@ -244,7 +276,12 @@ def _patch_lfm3_vl_convolution_by_neighbours(original):
     return forward
 
 
-@register_patch("dynamo", "transformers.models.udop.modeling_udop.combine_image_text_embeddings")
+@register_patch(
+    "dynamo", "transformers.models.udop.modeling_udop.combine_image_text_embeddings",
+    model_side="transformers' udop combine_image_text_embeddings selects the patches no token landed on with a "
+               "fixed-size sort/gather (free patches first, zero-filled to the patch count) instead of "
+               "boolean-mask selection per sample.",
+)
 def _patch_udop_patches_as_fixed_rows(original):
     """UDOP adds to each token the image patch under its box centre, then appends the patches no token landed on,
     picked sample by sample with a boolean mask and zero-padded to the patch count: sizes that depend on the boxes'

@@ -17,7 +17,12 @@ from .grids import block_patches, computed_from_baked, geometry_baked, merged_pa
 # ── Stage 2: Model patches ───────────────────────────────────────────────────
 
 
-@register_patch("dynamo", "transformers.models.pixtral.modeling_pixtral.PixtralVisionModel.forward", reports=True)
+@register_patch(
+    "dynamo", "transformers.models.pixtral.modeling_pixtral.PixtralVisionModel.forward", reports=True,
+    model_side="PixtralVisionModel.forward picks the real patches of all padded grids at once with an index (and"
+               " builds positions and the block mask from it) instead of slicing each image by `image_sizes` in "
+               "a Python loop.",
+)
 def _patch_pixtral_patches_picked_at_once(original):
     """Pixtral crops each image's patches out of its padded grid with one Python slice per image (sizes read from
     `image_sizes`), lays them end to end and builds the block mask image by image: the loops fix the image count.
@@ -57,9 +62,14 @@ def _patch_pixtral_patches_picked_at_once(original):
     return merge_with_config_defaults(capture_outputs(forward))
 
 
-@register_patch("dynamo", *(f"transformers.models.{module}.modeling_{module}.{prefix}PatchMerger.forward"
-                            for module, prefix in (("mistral3", "Mistral3"), ("lighton_ocr", "LightOnOcr"),
-                                                   ("mistral_large4", "MistralLarge4"))), reports=True)
+@register_patch(
+    "dynamo", *(f"transformers.models.{module}.modeling_{module}.{prefix}PatchMerger.forward"
+    for module, prefix in (("mistral3", "Mistral3"), ("lighton_ocr", "LightOnOcr"),
+    ("mistral_large4", "MistralLarge4"))), reports=True,
+    model_side="Mistral3PatchMerger.forward (and its LightOnOcr/Mistral Large 4 copies) gathers every image's "
+               "merge x merge blocks at once from computed indices instead of splitting by image and calling "
+               "unfold per image.",
+)
 def _patch_patch_merger_blocks_gathered(original):
     """Mistral 3's patch merger splits the patches image by image (sizes read from `image_sizes`) and unfolds each
     image's grid into blocks of merge x merge patches: the loop fixes the image count. The blocks of every image are
@@ -88,8 +98,13 @@ def _patch_patch_merger_blocks_gathered(original):
     return forward
 
 
-@register_patch("dynamo", "transformers.models.paddleocr_vl.modeling_paddleocr_vl.PaddleOCRProjector.forward",
-                reports=True)
+@register_patch(
+    "dynamo", "transformers.models.paddleocr_vl.modeling_paddleocr_vl.PaddleOCRProjector.forward",
+    reports=True,
+    model_side="PaddleOCRProjector.forward gathers every image's merge x merge blocks at once (block-to-image "
+               "from cumulative block counts) instead of splitting by `image_grid_thw.prod(1).tolist()` and "
+               "folding per image.",
+)
 def _patch_paddleocr_projector_blocks_gathered(original):
     """PaddleOCR-VL's projector cuts the patches image by image (sizes read with `.tolist()`) and folds each frame's
     merge x merge blocks: the loop fixes the image count. Every block of every image at once instead: each block
@@ -119,8 +134,11 @@ def _patch_paddleocr_projector_blocks_gathered(original):
 @register_patch(
     "dynamo",
     *(f"transformers.models.{module}.modeling_{module}.{model}.get_image_features" for module, model in (
-        ("deepseek_ocr2", "DeepseekOcr2Model"), ("unlimited_ocr", "UnlimitedOcrModel"), ("step3p7", "Step3p7Model"))),
+    ("deepseek_ocr2", "DeepseekOcr2Model"), ("unlimited_ocr", "UnlimitedOcrModel"), ("step3p7", "Step3p7Model"))),
     reports=True,
+    model_side="DeepseekOcr2Model.get_image_features (and Unlimited OCR / Step 3.7 copies) lay out all images' "
+               "global views at once as one tensor when there are no local views, instead of a Python loop over "
+               "the batch.",
 )
 def _patch_global_views_laid_out_at_once(original):
     """DeepSeek-OCR 2, Unlimited OCR and Step 3.7 lay out each image's global view in a loop over the batch (rows
@@ -158,8 +176,12 @@ def _global_views_at_once(model, pixel_values, **kwargs):
     return outputs
 
 
-@register_patch("dynamo", "transformers.models.lighton_ocr.modeling_lighton_ocr.LightOnOcrModel.get_image_features",
-                reports=True)
+@register_patch(
+    "dynamo", "transformers.models.lighton_ocr.modeling_lighton_ocr.LightOnOcrModel.get_image_features",
+    reports=True,
+    model_side="LightOnOcrModel.get_image_features returns the projected features whole (sizes alongside) "
+               "instead of `torch.split` by sizes computed in a Python loop over image_sizes.",
+)
 def _patch_lighton_ocr_image_features_whole(original):
     """LightOnOcr splits its projected image features per image by sizes it reads by iterating `image_sizes`,
     which fixes the image count; its forward concatenates the parts again, so they are kept whole."""
@@ -177,7 +199,11 @@ def _patch_lighton_ocr_image_features_whole(original):
     return can_return_tuple(get_image_features)
 
 
-@register_patch("dynamo", "transformers.models.emu3.modeling_emu3.Emu3Model.get_image_features", reports=True)
+@register_patch(
+    "dynamo", "transformers.models.emu3.modeling_emu3.Emu3Model.get_image_features", reports=True,
+    model_side="Emu3Model.get_image_features crops every image's VQ codes and appends the end-of-line tokens "
+               "with one mask over the padded grid instead of a Python loop over image_sizes.",
+)
 def _patch_emu3_image_tokens_cropped_at_once(original):
     """Emu3 crops each image's VQ codes to the image's size and ends each kept row with an end-of-line token, image
     by image over `image_sizes`: it fixes the image count. Every image at once: the codes of the padded grid, an
@@ -210,8 +236,13 @@ def _patch_emu3_image_tokens_cropped_at_once(original):
     return can_return_tuple(get_image_features)
 
 
-@register_patch("dynamo", *(f"transformers.models.{module}.modeling_{module}.get_vision_position_ids" for module in (
-    "muse_spark", "muse_glimmer", "kimi_k25", "qwen2_vl", "minimax_m3_vl", "inkling2")), reports=True)
+@register_patch(
+    "dynamo", *(f"transformers.models.{module}.modeling_{module}.get_vision_position_ids" for module in (
+    "muse_spark", "muse_glimmer", "kimi_k25", "qwen2_vl", "minimax_m3_vl", "inkling2")), reports=True,
+    model_side="transformers' get_vision_position_ids (vision_utils, used by qwen2_vl, kimi_k25, minimax_m3_vl, "
+               "inkling2, muse_spark, muse_glimmer) computes every patch's (row, column) for all images at once "
+               "from cumulative frame sizes with tensor ops, instead of a Python loop over `grid_thw.tolist()`.",
+)
 def _patch_vision_positions_at_once(original):
     """`get_vision_position_ids` builds each image's (row, column) grid in a loop over `grid_thw.tolist()`, which
     fixes the image count; a composite model cannot take them precomputed (its text model reads `position_ids`),
@@ -236,8 +267,13 @@ def _patch_vision_positions_at_once(original):
     return get_vision_position_ids
 
 
-@register_patch("dynamo", *(f"transformers.models.{module}.modeling_{module}.get_vision_nearest_position_ids"
-                            for module in ("minicpm_ocr", "minicpmv4_6", "minicpmv4_7")), reports=True)
+@register_patch(
+    "dynamo", *(f"transformers.models.{module}.modeling_{module}.get_vision_nearest_position_ids"
+    for module in ("minicpm_ocr", "minicpmv4_6", "minicpmv4_7")), reports=True,
+    model_side="transformers' get_vision_nearest_position_ids (MiniCPM-OCR / MiniCPM-V 4.6 / 4.7 vision towers) "
+               "computes every patch's bucketed row/column position with batched tensor ops over `target_sizes` "
+               "instead of a Python loop over `target_sizes.tolist()`.",
+)
 def _patch_nearest_positions_at_once(original):
     """MiniCPM-V's towers map each patch to the nearest cell of their position table in a loop over
     `target_sizes.tolist()`: it fixes the image count, and a composite model cannot take them precomputed. Every
@@ -259,8 +295,13 @@ def _patch_nearest_positions_at_once(original):
     return get_vision_nearest_position_ids
 
 
-@register_patch("dynamo", "transformers.models.cosmos3_edge.modeling_cosmos3_edge.Cosmos3EdgeVisionEmbeddings"
-                            ".resize_positional_embeddings", reports=True)
+@register_patch(
+    "dynamo", "transformers.models.cosmos3_edge.modeling_cosmos3_edge.Cosmos3EdgeVisionEmbeddings"
+    ".resize_positional_embeddings", reports=True,
+    model_side="Cosmos3EdgeVisionEmbeddings.resize_positional_embeddings resizes the position grid for all "
+               "frames at once with tensor ops (per-patch row/column bilinear weights) instead of looping over "
+               "`grid_thw.tolist()`.",
+)
 def _patch_cosmos3_edge_positions_resized_at_once(original):
     """Cosmos3-Edge resizes its position grid to each frame's patch grid in a loop over `grid_thw.tolist()`, which
     fixes the image count. Every patch at once instead, as `_patch_siglip2_positions_resized_as_tensors` does: its
@@ -277,8 +318,13 @@ def _patch_cosmos3_edge_positions_resized_at_once(original):
     return resize_positional_embeddings
 
 
-@register_patch("dynamo", *(f"transformers.models.{module}.modeling_{module}.get_vision_window_index"
-                            for module in ("minicpm_ocr", "minicpmv4_6", "minicpmv4_7")), reports=True)
+@register_patch(
+    "dynamo", *(f"transformers.models.{module}.modeling_{module}.get_vision_window_index"
+    for module in ("minicpm_ocr", "minicpmv4_6", "minicpmv4_7")), reports=True,
+    model_side="transformers' get_vision_window_index (MiniCPM-OCR / MiniCPM-V 4.6 / 4.7) builds the "
+               "window-major patch order for all images at once with tensor ops instead of a Python loop over "
+               "`grid_thw.tolist()`.",
+)
 def _patch_whole_windows_at_once(original):
     """MiniCPM-V's window merger orders each image's patches window by window in a loop over `grid_thw.tolist()`,
     which fixes the image count. Its grids are whole windows (the merger checks it), so the order is the merge-block
@@ -300,9 +346,13 @@ def _patch_whole_windows_at_once(original):
     return get_vision_window_index
 
 
-@register_patch("dynamo", *(f"transformers.models.{module}.modeling_{module}.{prefix}Merger.forward"
-                            for module, prefix in (("minicpm_ocr", "MiniCPMOcr"), ("minicpmv4_6", "MiniCPMV4_6"),
-                                                   ("minicpmv4_7", "MiniCPMV4_7"))), reports=True)
+@register_patch(
+    "dynamo", *(f"transformers.models.{module}.modeling_{module}.{prefix}Merger.forward"
+    for module, prefix in (("minicpm_ocr", "MiniCPMOcr"), ("minicpmv4_6", "MiniCPMV4_6"),
+    ("minicpmv4_7", "MiniCPMV4_7"))), reports=True,
+    model_side="MiniCPMOcrMerger / MiniCPMV4_6Merger / MiniCPMV4_7Merger.forward fold every image's merge x "
+               "merge blocks in one batched gather per round instead of a Python loop over the images.",
+)
 def _patch_minicpm_merger_blocks_gathered(original):
     """MiniCPM-V's merger folds each image's patch grid into merge x merge blocks, round after round, in a Python
     loop over the images: it fixes the image count. Every image's blocks at once instead, each round: the patches

@@ -16,7 +16,11 @@ from .rotary import rotate_pairs
 # ── Stage 2: Model patches ───────────────────────────────────────────────────
 
 
-@register_patch("dynamo", "transformers.models.ovis2.modeling_ovis2.Ovis2Model.forward")
+@register_patch(
+    "dynamo", "transformers.models.ovis2.modeling_ovis2.Ovis2Model.forward",
+    model_side="Ovis2Model.forward writes its visual-indicator embeddings with torch.where over the token mask "
+               "instead of under a Python `if mask.any()` branch.",
+)
 def _patch_ovis2_visual_indicators_by_where(original):
     """Ovis2 writes its visual indicator features into the embeddings under `if mask.any()`, a branch on token
     values. The same rows chosen by `torch.where` before the forward, which then runs on those embeddings with no
@@ -41,7 +45,11 @@ def _patch_ovis2_visual_indicators_by_where(original):
     return forward
 
 
-@register_patch("dynamo", "transformers.models.llama4.modeling_llama4.Llama4VisionRotaryEmbedding.forward")
+@register_patch(
+    "dynamo", "transformers.models.llama4.modeling_llama4.Llama4VisionRotaryEmbedding.forward",
+    model_side="Llama4VisionRotaryEmbedding stores its 2-D rotary table as real (cos, sin) pairs instead of a "
+               "complex (view_as_complex) buffer.",
+)
 def _patch_llama4_vision_rotary_as_pairs(_original):
     """Llama 4's vision tower keeps its 2-D rotary table as a complex buffer. The same table as real (cos, sin)
     pairs: patch columns then rows, counted from 1, and no rotation for the class token appended last."""
@@ -60,7 +68,11 @@ def _patch_llama4_vision_rotary_as_pairs(_original):
     return forward
 
 
-@register_patch("dynamo", "transformers.models.llama4.modeling_llama4.vision_apply_rotary_emb")
+@register_patch(
+    "dynamo", "transformers.models.llama4.modeling_llama4.vision_apply_rotary_emb",
+    model_side="transformers' llama4 vision_apply_rotary_emb rotates query/key pairs with real cos/sin "
+               "arithmetic instead of view_as_complex / complex multiply / view_as_real.",
+)
 def _patch_llama4_vision_rotate_pairs(original):
     """The rotation half of `_patch_llama4_vision_rotary_as_pairs`: (batch, patches, heads, dim) queries."""
 
@@ -73,7 +85,12 @@ def _patch_llama4_vision_rotate_pairs(original):
     return vision_apply_rotary_emb
 
 
-@register_patch("dynamo", "transformers.models.vilt.modeling_vilt.ViltEmbeddings.visual_embed")
+@register_patch(
+    "dynamo", "transformers.models.vilt.modeling_vilt.ViltEmbeddings.visual_embed",
+    model_side="ViltEmbeddings.visual_embed keeps all patches in place with a padding mask and resizes positions"
+               " with a batched grid_sample when every patch is kept, instead of sampling patch order with "
+               "multinomial and resizing the position table per image from extents read off the pixel mask.",
+)
 def _patch_vilt_patches_in_place(original):
     """ViLT gathers each image's patches in an order drawn at random (`multinomial`), pads short images with
     patches drawn from their padding, and resizes its position table to each image's extent read from the pixel
@@ -114,7 +131,12 @@ def _patch_vilt_patches_in_place(original):
     return visual_embed
 
 
-@register_patch("dynamo", "transformers.models.qwen4_exp.modeling_qwen4_exp.Qwen4ExpTextQSAIndexer.forward")
+@register_patch(
+    "dynamo", "transformers.models.qwen4_exp.modeling_qwen4_exp.Qwen4ExpTextQSAIndexer.forward",
+    model_side="Qwen4ExpTextQSAIndexer.forward selects blocks with fixed-size masks over all keys (rank among "
+               "visible keys -> block id, -inf for unfillable blocks, topk, scatter) instead of looping over "
+               "rows and queries with nonzero().",
+)
 def _patch_qwen4_indexer_by_masks(original):
     """Qwen4-Exp's sparse-attention indexer loops over every row and query, lists the keys a query sees with
     `nonzero`, pools them into blocks of `compress_ratio` in that order, and keeps the best-scoring blocks and the
