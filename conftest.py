@@ -177,11 +177,19 @@ def pytest_sessionfinish(session, exitstatus):
     for record in store.records(errors=[]):
         counts[record.status] = counts.get(record.status, 0) + 1
     store.finish(counts=counts)
+    cache = None
     if not config.getoption("--sweep-no-cache") and not _disabled(config):
         from harness.cache import ResultCache
         from registry import Registry
 
-        ResultCache(None, Registry.load(config.getoption("--registry"))).save_from(store, since=config.sweep_started_at)
+        cache = ResultCache(None, Registry.load(config.getoption("--registry")))
+    if config.getoption("--sweep") and not (cache is not None and cache.copy_listing(config.sweep_run_dir)):
+        from exporters.workarounds import ledger
+        from harness.ledger import write_listing
+
+        write_listing(config.sweep_run_dir, ledger(tuple(config.sweep_plan.backends)))  # the code that ran
+    if cache is not None:
+        cache.save_from(store, since=config.sweep_started_at)
     findings = sorted((config.sweep_run_dir / "stale").glob("*.json"))
     if findings:  # the stale items' findings, one file per entry, become the dashboard's stale.json
         from datetime import timezone
@@ -191,11 +199,6 @@ def pytest_sessionfinish(session, exitstatus):
         entries = [json.loads(path.read_text()) for path in findings]
         stale = {"checked_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "entries": entries}
         write_text_atomic(config.sweep_run_dir / "stale.json", json.dumps(stale, indent=1))
-    if config.getoption("--sweep"):
-        from exporters.workarounds import ledger
-        from harness.ledger import write_listing
-
-        write_listing(config.sweep_run_dir, ledger(tuple(config.sweep_plan.backends)))
     from reports import write_report
 
     baseline = config.getoption("--sweep-baseline")

@@ -112,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--rerun", type=_csv(("fail", "timeout", "crash", "oom", "unavailable", "skip")), default=(),
                      help="with --resume, run again the cells that ended with these statuses, e.g. timeout,crash")
     run.add_argument("--list", action="store_true", help="print the selected classes and their count, run nothing")
+    run.add_argument("--dry-run", action="store_true", help="say how many cells would run and why, run nothing")
     run.add_argument("--no-cache", action="store_true", help="run every cell, even when an earlier result still holds")
     run.add_argument("--cache-dir", type=Path, help="where reusable results live (default ~/.cache/export-sweep)")
     run.add_argument("--baseline", type=Path, help="earlier run to compare against: the changes, the exit code, the ETA")

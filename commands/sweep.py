@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections import Counter
 from datetime import datetime
 from pathlib import Path
 
@@ -63,12 +64,15 @@ def cmd_run(args) -> int:
 
 def execute_run(args, plan, index, classes) -> int:
     out = args.out or Path("runs") / datetime.now().strftime("%Y-%m-%d_%H%M%S")
-    writable_folder(out, "--out")
     cache_dir = None
     if not args.no_cache:
         cache_dir = writable_folder(args.cache_dir or default_cache_dir(), "--cache-dir")
-    baseline = existing_run(args.baseline, "--baseline")
     registry = Registry.load(args.registry)
+    cache = None if args.no_cache else ResultCache(cache_dir, registry, salt=_cache_salt(args))
+    if args.dry_run:
+        return dry_run(plan, classes, cache)
+    writable_folder(out, "--out")
+    baseline = existing_run(args.baseline, "--baseline")
     if args.disable_workarounds:
         check_workaround_names(args.disable_workarounds)
     store = RunStore(out)
@@ -82,34 +86,65 @@ def execute_run(args, plan, index, classes) -> int:
     done = set()
     if args.resume:
         done = {record.cell_id for record in store.records() if record.status not in args.rerun}
+    # cached cells first, from files alone: with nothing left to run, no worker starts and torch is never imported
+    reused = Counter()
+    for model in classes:
+        for cell in Plan([model], tuple(plan.backends), tuple(plan.shapes), done=done).cells(model):
+            record = cache.lookup(cell) if cache is not None else None
+            if record is not None:
+                store.write(record)
+                done.add(cell.id)
+                reused[record.status] += 1
     sweep = Plan(classes, tuple(plan.backends), tuple(plan.shapes), done=done)
     base_records = {record.cell_id: record for record in baseline.records()} if baseline is not None else None
     estimates = {cell: record.seconds for cell, record in (base_records or {}).items()} or plan.estimated_seconds()
     pending = [cell.id for model in classes for cell in sweep.cells(model)]
-    print(f"export-sweep: {len(classes)} classes, {sweep.total} cells to run ({len(sweep.done)} already done) "
-          f"with {args.jobs} workers -> {out}", file=sys.stderr)  # fmt: skip
+    print(f"export-sweep: {len(classes)} classes, {sweep.total} cells to run ({len(sweep.done)} already done, "
+          f"{sum(reused.values())} of them unchanged since an earlier run) with {args.jobs} workers -> {out}",
+          file=sys.stderr)  # fmt: skip
     with quiet(out / "logs" / "sweep.log", args.verbose) as console:
-        warm_imports(plan.backends)
-        write_listing(out, ledger(tuple(plan.backends)))  # the ledger of this run names the code that ran
-        cache = None if args.no_cache else ResultCache(cache_dir, registry, salt=_cache_salt(args))
-        worker_options = WorkerOptions(
-            timeout=args.timeout, memory_cap_mb=args.memory_cap, threads=max(1, (os.cpu_count() or 1) // args.jobs),
-            log_dir=out / "logs", disabled_workarounds=tuple(args.disable_workarounds),
-        )  # fmt: skip
-        progress = Progress(sweep.total, stream=console.err, estimates=estimates, pending=pending)
-        started = now()
-        try:
-            counts = run_sweep(sweep, store, worker_options, args.jobs, registry, progress,
-                               reuse=cache.lookup if cache else None)  # fmt: skip
-        finally:
-            if cache is not None:
-                cache.save_from(store, since=started)
+        counts = Counter(reused)
+        if sweep.total:
+            warm_imports(plan.backends)
+            # the ledger of this run names the code that ran
+            write_listing(out, ledger(tuple(plan.backends)))
+            worker_options = WorkerOptions(
+                timeout=args.timeout, memory_cap_mb=args.memory_cap, log_dir=out / "logs",
+                threads=max(1, (os.cpu_count() or 1) // args.jobs), disabled_workarounds=tuple(args.disable_workarounds),
+            )  # fmt: skip
+            progress = Progress(sweep.total, stream=console.err, estimates=estimates, pending=pending)
+            started = now()
+            try:
+                counts += run_sweep(sweep, store, worker_options, args.jobs, registry, progress)
+            finally:
+                if cache is not None:
+                    cache.save_from(store, since=started)
+        elif cache is not None:
+            cache.copy_listing(out)  # no code ran: the listing of the code that made the cached records
         store.finish(counts=dict(counts))
         console.say(f"export-sweep: {sum(counts.values())} cells: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
         if not args.no_report:
             site = write_report(out, baseline=args.baseline)
             console.say(f"dashboard: {site / 'index.html'}")
         return verdict(out, base_records, args.fail_on, console)
+
+
+def dry_run(plan, classes, cache) -> int:
+    """How many cells would run, and why each part of the key changed: nothing runs, no model is built."""
+    reasons = Counter()
+    examples: dict[str, str] = {}
+    total = 0
+    for model in classes:
+        for cell in Plan([model], tuple(plan.backends), tuple(plan.shapes)).cells(model):
+            total += 1
+            why = "--no-cache" if cache is None else cache.explain(cell)[1]
+            if why is not None:
+                reasons[why] += 1
+                examples.setdefault(why, cell.id)
+    print(f"{sum(reasons.values())} of {total} cells would run ({total - sum(reasons.values())} unchanged):")
+    for why, count in reasons.most_common():
+        print(f"  {count:>6}  {why}  (e.g. {examples[why]})")
+    return 0
 
 
 def _cache_salt(args) -> str:

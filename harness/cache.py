@@ -1,26 +1,40 @@
-"""Incremental sweeps: a cell's record is reused when nothing it depends on has changed.
+"""Incremental sweeps: a cell's record is reused while nothing it depends on has changed, and a change re-runs only
+the cells it can touch.
 
-The key of a cell hashes: the class' modeling and configuration source files, its tiny config, the harness code
-that builds inputs and runs stages, the exporter package, the registry entries naming the class, and the
-versions of transformers, torch, onnx, onnxscript, onnxruntime and executorch. Timeouts, crashes and memory
-blow-ups are not cached: they depend on the machine as much as on the code.
+What a cell depends on, each part kept with its cached record so a miss can say why:
+
+- versions: transformers, torch, onnx, onnxscript, onnxruntime, executorch (a slot of the cache each);
+- class: its modeling file and the configuration files beside it (its tiny config follows from those and harness);
+- harness: the files that build inputs and run stages (cells, inputs, tiny, tables, records);
+- pipeline: the exporter code every cell of its backend runs, workarounds aside (``harness.code_index``);
+- workarounds: each workaround that could touch it (those of its backend chain that are generic, those written for a
+  model family its model is built from) and each it applied, by its own digest;
+- registry: the entries naming its class; and what else the run changed (workarounds turned off).
+
+So editing one model's patch re-runs that family's cells, a generic ExecuTorch fix the ExecuTorch cells, and a
+README, test, report or command-line change nothing. Keys are computed from files alone: no model is built and no
+torch imported to know a cell is unchanged. Timeouts, crashes and memory blow-ups are not cached: they depend on the
+machine as much as on the code.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
 from functools import cache
 from pathlib import Path
 
+from .code_index import CodeIndex
 from .records import CellRecord
 from .store import read_json, write_json_atomic
 
 NOT_CACHED = ("timeout", "crash", "oom")
 _ROOT = Path(__file__).resolve().parent.parent
-# The harness files a cell's result depends on (the rest, like the CLI and progress bar, do not change results).
+# The harness files a cell's result depends on (the rest, like progress lines and reports, do not change results).
 _HARNESS_FILES = ("cells.py", "inputs.py", "tiny.py", "tables.py", "records.py")
+_STATIC_PARTS = ("class", "harness", "pipeline", "registry", "salt")
 
 
 def default_cache_dir() -> Path:
@@ -43,14 +57,8 @@ def _file_digest(path: Path) -> str:
         return "missing"
 
 
-def code_digest(root: Path = _ROOT) -> str:
-    """The exporter package and the result-shaping harness files under ``root``, hashed together."""
-    files = sorted((root / "exporters").rglob("*.py")) + [root / "harness" / name for name in _HARNESS_FILES]
-    return _digest(*(f"{path.relative_to(root)}:{_file_digest(path)}" for path in files))
-
-
 @cache
-def _versions_digest() -> str:
+def versions_digest() -> str:
     from exporters.versions import package_versions
 
     return _digest(json.dumps(package_versions(), sort_keys=True))
@@ -70,67 +78,144 @@ def _class_sources(module: str, root: Path) -> list[Path]:
     return [modeling, *sorted(modeling.parent.glob("configuration_*.py"))]
 
 
+def static_modules(module: str, root: Path) -> list[str]:
+    """The transformers modeling modules a class' own module imports from other model folders (a record made before
+    cells recorded the modules their model is built from falls back on these)."""
+    own = f"transformers.{module}"
+    path = root.joinpath(*module.split(".")).with_suffix(".py")
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError):
+        return [own]
+    package = own.rsplit(".", 1)[0].split(".")
+    found = {own}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level and node.module:
+            base = package[: len(package) - node.level + 1]
+            name = ".".join([*base, node.module])
+            if name.startswith("transformers.models.") and ".modeling_" in name:
+                found.add(name)
+    return sorted(found)
+
+
 class ResultCache:
-    """``code_root`` (our package) and ``source_root`` (transformers) are where the hashed files are read."""
+    """The last result of each cell, per versions, with the parts of the key it was made under.
+
+    ``code_root`` (our package) and ``source_root`` (transformers) are where the hashed files are read."""
 
     def __init__(self, directory: Path | None = None, registry=None, code_root: Path = _ROOT,
                  source_root: Path | None = None, salt: str = ""):  # fmt: skip
         self.directory = Path(directory) if directory else default_cache_dir()
-        self.results = self.directory / "results"
+        self.results = self.directory / "results" / versions_digest()[:16]
         self.registry = registry
         self.source_root = source_root or transformers_root()
-        self._class_keys: dict[str, str] = {}
-        self._code = code_digest(code_root)
-        self.salt = salt  # what else changes results (workarounds disabled for the run): another key
+        self.index = CodeIndex.read(code_root)
+        self.harness = _digest(*(_file_digest(Path(code_root) / "harness" / name) for name in _HARNESS_FILES))
+        self.salt = salt  # what else changes results (workarounds turned off for the run)
+        self._classes: dict[str, str] = {}
+        self._registries: dict[str, str] = {}
+        self._modules: dict[str, list[str]] = {}
         self.hits = 0
 
-    def class_key(self, model) -> str:
-        """The part of the key every cell of one class shares."""
-        if model.name not in self._class_keys:
+    def _class_digest(self, model) -> str:
+        if model.name not in self._classes:
             sources = [f"{path.name}:{_file_digest(path)}" for path in _class_sources(model.module, self.source_root)]
-            try:
-                from .tiny import tiny_config
+            self._classes[model.name] = _digest(model.name, model.model_type, *sources)
+        return self._classes[model.name]
 
-                tiny = tiny_config(model).to_json_string(use_diff=False)
-            except Exception as error:  # the config stage will fail the same way: key on the failure
-                tiny = f"error: {type(error).__name__}: {error}"
+    def _registry_digest(self, model) -> str:
+        if model.name not in self._registries:
             entries = []
             if self.registry is not None:
                 entries = [entry.as_dict() for entry in self.registry.entries if entry.model == model.name]
                 for entry in entries:
                     entry.pop("line", None)
-            self._class_keys[model.name] = _digest(
-                model.name, model.model_type, *sources, tiny, self._code, _versions_digest(),
-                json.dumps(entries, sort_keys=True),
-            )  # fmt: skip
-        return self._class_keys[model.name]
+            self._registries[model.name] = _digest(json.dumps(entries, sort_keys=True))
+        return self._registries[model.name]
+
+    def parts(self, cell, modules=None, applied=()) -> dict:
+        """What the cell's result depends on now, given the modules its model is built from and what it applied."""
+        if not modules:
+            if cell.model.module not in self._modules:
+                self._modules[cell.model.module] = static_modules(cell.model.module, self.source_root)
+            modules = self._modules[cell.model.module]
+        return {
+            "class": self._class_digest(cell.model), "harness": self.harness,
+            "pipeline": self.index.pipeline(cell.backend), "registry": self._registry_digest(cell.model),
+            "salt": self.salt, "workarounds": self.index.relevant(cell.backend, modules, applied),
+        }  # fmt: skip
 
     def key(self, cell) -> str:
-        return _digest(self.class_key(cell.model), cell.backend, cell.shape_mode, *([self.salt] if self.salt else []))
+        """The cell's key as it stands before it has run (no record yet to say what it applied)."""
+        return _digest(cell.backend, cell.shape_mode, json.dumps(self.parts(cell), sort_keys=True))
 
-    def _path(self, key: str) -> Path:
-        return self.results / key[:2] / f"{key}.json"
+    def _path(self, cell) -> Path:
+        return self.results / f"{cell.id}.json"
 
-    def lookup(self, cell) -> CellRecord | None:
-        key = self.key(cell)
-        path = self._path(key)
+    def _entry(self, cell) -> tuple[CellRecord, dict] | None:
+        path = self._path(cell)
         if not path.is_file():
             return None
         try:
-            record = CellRecord.from_dict(read_json(path))
-        except (ValueError, TypeError):
+            data = read_json(path)
+            return CellRecord.from_dict(data["record"]), data["parts"]
+        except (ValueError, TypeError, KeyError):
             path.unlink(missing_ok=True)  # an unreadable cache entry is just a miss
             return None
-        record.reused, record.cache_key = True, key
+
+    def explain(self, cell) -> tuple[CellRecord | None, str | None]:
+        """``(the cached record, None)`` when it still holds, else ``(None, why it does not)``."""
+        entry = self._entry(cell)
+        if entry is None:
+            return None, "not run before with these versions"
+        record, stored = entry
+        now = self.parts(cell, record.modules, record.applied)
+        for part in _STATIC_PARTS:
+            if stored.get(part) != now[part]:
+                return None, {"class": "its model's source changed", "harness": "the harness changed",
+                              "pipeline": f"the {cell.backend} exporter changed", "registry": "its registry entries changed",
+                              "salt": "other workarounds turned off"}[part]  # fmt: skip
+        before, after = stored.get("workarounds", {}), now["workarounds"]
+        changed = sorted(name for name in before.keys() & after.keys() if before[name] != after[name])
+        added, removed = sorted(after.keys() - before.keys()), sorted(before.keys() - after.keys())
+        for what, names in (("workaround changed", changed), ("workaround added", added), ("workaround removed", removed)):
+            if names:
+                return None, f"{what}: {names[0].split(':', 1)[1]}" + (f" and {len(names) - 1} more" if len(names) > 1 else "")
+        return record, None
+
+    def lookup(self, cell) -> CellRecord | None:
+        record, _why = self.explain(cell)
+        if record is None:
+            return None
+        record.reused, record.cache_key = True, self.key(cell)
         self.hits += 1
         return record
 
     def store(self, cell, record: CellRecord) -> None:
         if record.status in NOT_CACHED or record.reused:
             return
-        key = self.key(cell)
-        record.cache_key = key
-        write_json_atomic(self._path(key), record.to_dict())
+        parts = self.parts(cell, record.modules, record.applied)
+        record.cache_key = _digest(cell.backend, cell.shape_mode, json.dumps(parts, sort_keys=True))
+        write_json_atomic(self._path(cell), {"parts": parts, "record": record.to_dict()})
+
+    # ── the workaround listing, for a run whose every cell was cached (no exporter imported) ──
+    def _listing_path(self) -> Path:
+        return self.directory / "listings" / f"{_digest(json.dumps(self.index.fingerprint()))[:24]}.json"
+
+    def keep_listing(self, run_dir: Path) -> None:
+        from .ledger import WORKAROUNDS_FILE
+
+        source = Path(run_dir) / WORKAROUNDS_FILE
+        if source.is_file():
+            write_json_atomic(self._listing_path(), read_json(source))
+
+    def copy_listing(self, run_dir: Path) -> bool:
+        from .ledger import WORKAROUNDS_FILE
+
+        if not self._listing_path().is_file():
+            return False
+        write_json_atomic(Path(run_dir) / WORKAROUNDS_FILE, read_json(self._listing_path()))
+        return True
 
     def save_from(self, run_store, since: str) -> int:
         """Cache every record a run produced, those finished ``since`` it started (an ISO time): a resumed run's
@@ -140,6 +225,7 @@ class ResultCache:
 
         classes = all_model_classes()
         saved = 0
+        self.keep_listing(run_store.directory)
         for record in run_store.records():
             model = classes.get(record.model_class)
             fresh = not record.reused and (record.finished_at or "") >= since

@@ -95,6 +95,7 @@ class ClassContext:
         self.inputs: dict[str, dict] = {}
         self.expected: dict[str, dict] = {}
         self.input_set: str | None = None
+        self.modules: list[str] = []  # what a workaround for one model family can touch: the cache's scope
         self.prepared = False
 
     @property
@@ -132,6 +133,8 @@ class ClassContext:
             )  # fmt: skip
         torch.manual_seed(self.seed)
         self.model = model_class(self.config).eval()
+        self.modules = sorted({type(module).__module__ for module in self.model.modules()
+                               if type(module).__module__.startswith("transformers.")})  # fmt: skip
         _wake_zero_weights(self.model)
 
     def _eager(self):
@@ -339,6 +342,7 @@ def new_record(cell: Cell, context: ClassContext | None = None) -> CellRecord:
         record.stages = [StageRecord(**vars(stage)) for stage in context.stages]
         record.input_set = context.input_set
         record.input_names = sorted(context.inputs.get("A", {}))
+        record.modules = list(context.modules)
         record.traceback = context.traceback
     return record
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import hashlib
 import json
 import os
 import random
@@ -17,6 +18,7 @@ from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
 
+from .store import write_text_atomic
 from .tables import SMOKE_SET
 
 BASE_TASK = "base"
@@ -97,7 +99,27 @@ def _model_folder(module: str) -> str:
 
 @cache
 def all_model_classes() -> dict[str, ModelClass]:
-    """Every class by name: the auto mappings' classes first, then the public subclasses they miss."""
+    """Every class by name: the auto mappings' classes first, then the public subclasses they miss.
+
+    Kept per transformers version (and per version of this enumeration): reading it back imports neither
+    transformers nor torch, so a sweep whose cells are all unchanged does no import of either."""
+    from importlib import metadata
+
+    fingerprint = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
+    cache_file = _cache_dir() / f"classes-{metadata.version('transformers')}-{fingerprint}.json"
+    if cache_file.is_file():
+        try:
+            return {name: ModelClass(**{**fields, "tasks": tuple(fields["tasks"])})
+                    for name, fields in json.loads(cache_file.read_text()).items()}  # fmt: skip
+        except (ValueError, TypeError, KeyError):
+            pass  # enumerated again below
+    classes = _enumerate_model_classes()
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(cache_file, json.dumps({name: as_dict(model) for name, model in classes.items()}))
+    return classes
+
+
+def _enumerate_model_classes() -> dict[str, ModelClass]:
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 

@@ -59,6 +59,7 @@ class CellRecord:
     input_set: str | None = None  # which inputs fed the model: "text", "text+image", ...
     input_names: list[str] = field(default_factory=list)
     applied: list[str] = field(default_factory=list)  # workarounds that fired
+    modules: list[str] = field(default_factory=list)  # the transformers modules its model is built from
     registry: dict | None = None  # the EXPORT_SKIPS / ONNX_DISABLE_OPTIMIZE entry that applied
     reused: bool = False  # copied from an earlier run whose inputs were identical
     cache_key: str | None = None
@@ -129,14 +130,14 @@ _RECORD_TYPES = {
     "error_type": _OPTIONAL_TEXT, "message": _OPTIONAL_TEXT, "error_signature": _OPTIONAL_TEXT,
     "traceback": _OPTIONAL_TEXT, "max_abs_diff": _OPTIONAL_NUMBER, "max_rel_diff": _OPTIONAL_NUMBER,
     "atol": _OPTIONAL_NUMBER, "rtol": _OPTIONAL_NUMBER, "tolerance_reason": _OPTIONAL_TEXT, "parity": (dict,),
-    "input_set": _OPTIONAL_TEXT, "input_names": (list,), "applied": (list,), "registry": (dict, type(None)),
+    "input_set": _OPTIONAL_TEXT, "input_names": (list,), "applied": (list,), "modules": (list,), "registry": (dict, type(None)),
     "reused": _FLAG, "cache_key": _OPTIONAL_TEXT, "repro": _OPTIONAL_TEXT, "worker": _OPTIONAL_TEXT,
     "started_at": _OPTIONAL_TEXT, "finished_at": _OPTIONAL_TEXT, "peak_rss_mb": _OPTIONAL_NUMBER, "schema": (int,),
 }  # fmt: skip
 _STAGE_TYPES = {"name": _TEXT, "status": _TEXT, "seconds": _NUMBER, "error_type": _OPTIONAL_TEXT,
                 "message": _OPTIONAL_TEXT, "details": (dict,)}  # fmt: skip
 _VOCABULARIES = {"status": STATUSES, "backend": BACKENDS, "shape_mode": SHAPE_MODES}
-_TEXT_LISTS = ("tasks", "input_names", "applied")
+_TEXT_LISTS = ("tasks", "input_names", "applied", "modules")
 
 
 def _shown(value) -> str:

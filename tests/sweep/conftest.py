@@ -54,11 +54,12 @@ class SweepSession:
     def __init__(self, config):
         from harness.cache import ResultCache
         from harness.store import RunStore
-        from harness.workers import WorkerOptions, warm_imports
+        from harness.workers import WorkerOptions
         from registry import Registry
 
         plan = getattr(config, "sweep_plan", None)
-        warm_imports(plan.backends if plan is not None else config.getoption("--backends").split(","))
+        self.backends = plan.backends if plan is not None else config.getoption("--backends").split(",")
+        self.warm = False  # warmed on the first cell that is not cached: a cached session imports no torch
         self.store = RunStore(config.sweep_run_dir)
         self.done = self.store.cell_ids() if config.getoption("--sweep-resume") else set()
         self.registry = Registry.load(config.getoption("--registry"))
@@ -86,6 +87,11 @@ class SweepSession:
         if cached is not None:
             store.write(cached)
             return cached
+        if not self.warm:
+            from harness.workers import warm_imports
+
+            warm_imports(self.backends)
+            self.warm = True
         if self.worker is None or (self.worker.model_class.name, self.worker.registry) != (cell.model.name, registry):
             self.close()
             self.worker = ClassWorker(cell.model, self.options, registry, name=self.name)
