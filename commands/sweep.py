@@ -71,10 +71,10 @@ def execute_run(args, plan, index, classes) -> int:
     cache = None if args.no_cache else ResultCache(cache_dir, registry, salt=_cache_salt(args))
     if args.dry_run:
         return dry_run(plan, classes, cache)
-    writable_folder(out, "--out")
-    baseline = existing_run(args.baseline, "--baseline")
-    if args.disable_workarounds:
+    if args.disable_workarounds:  # before any folder is made
         check_workaround_names(args.disable_workarounds)
+    baseline = existing_run(args.baseline, "--baseline")
+    writable_folder(out, "--out")
     store = RunStore(out)
     options = {
         "models": args.models, "model_types": args.model_types, "tasks": args.tasks, "limit": args.limit,
@@ -164,8 +164,13 @@ def verdict(run_dir: Path, baseline_records, fail_on, console=None) -> int:
     """Print the changes against the baseline and the cells of a failing kind; 1 when there are any."""
     say = console.say if console is not None else (lambda text: print(text, file=sys.stderr))
     plan = plan_of_run(run_dir)
-    records = {record.cell_id: record for record in RunStore(run_dir).records(errors=[])}
+    store = RunStore(run_dir)
+    unreadable: list[str] = []
+    records = {record.cell_id: record for record in store.records(errors=unreadable)}
     changes = diff(records, baseline_records, plan, expected_cells(run_dir, plan))
+    for change in changes:  # a record that cannot be read is missing too, and says so
+        if change.kind == "missing" and store.path_for(change.cell_id).exists():
+            change.detail = "its record cannot be read: " + next((e for e in unreadable if change.cell_id in e), "")
     kinds = fail_on or default_fail_on(baseline_records is not None)
     counts = {kind: sum(change.kind == kind for change in changes) for kind in CHANGE_KINDS}
     if baseline_records is not None:
