@@ -115,7 +115,9 @@ def read_json(path: Path) -> dict:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as error:
-        what = "truncated" if error.pos >= len(text.rstrip()) else "not valid JSON"
+        # a file cut short ends inside its last value, or inside a string that never closes
+        cut = error.pos >= len(text.rstrip()) or error.msg.startswith("Unterminated string")
+        what = "truncated" if cut else "not valid JSON"
         raise CorruptRecordError(f"{path}:{error.lineno}: {what} ({error.msg}, column {error.colno})") from None
     if not isinstance(data, dict):
         raise CorruptRecordError(f"{path}:1: expected a JSON object, found {type(data).__name__}")

@@ -40,7 +40,7 @@ def test_resume_after_a_kill_loses_no_finished_cell(tmp_path):
 
     resumed = subprocess.run([*command, "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr
-    assert f"({len(finished)} already done)" in resumed.stderr
+    assert f"({len(finished)} already done" in resumed.stderr
     after = {path.name: path.read_bytes() for path in (out / "cells").glob("*.json")}
     assert len(after) == 6
     assert all(after[name] == content for name, content in finished.items()), "finished cells were not re-run"
