@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .code_index import TRACED_THROUGH
 from .records import CellRecord
 from .store import CorruptRecordError, read_json, write_text_atomic
 
@@ -37,19 +38,28 @@ def read_listing(run_dir: Path) -> list[dict] | None:
     return rows
 
 
-def fired_on(records: list[CellRecord]) -> dict[tuple[str, str], list[CellRecord]]:
-    """(backend, workaround) -> the records whose ``applied`` names it."""
+def owner(listed: set[tuple[str, str]], backend: str, name: str) -> str:
+    """The backend whose workaround a cell of ``backend`` applied: its own, else one it traces through (an ONNX or
+    ExecuTorch cell applies Dynamo's patches while it is traced)."""
+    for candidate in (backend, *reversed(TRACED_THROUGH[backend])):
+        if (candidate, name) in listed:
+            return candidate
+    return backend
+
+
+def fired_on(records: list[CellRecord], listed: set[tuple[str, str]] = frozenset()) -> dict[tuple[str, str], list[CellRecord]]:
+    """(owning backend, workaround) -> the records whose ``applied`` names it."""
     fired: dict[tuple[str, str], list[CellRecord]] = {}
     for record in records:
         for name in record.applied:
-            fired.setdefault((record.backend, name), []).append(record)
+            fired.setdefault((owner(listed, record.backend, name), name), []).append(record)
     return fired
 
 
 def ledger_rows(listing: list[dict], records: list[CellRecord]) -> list[dict]:
     """The listing, each row with ``fired`` (cell ids) and ``failing`` (those not passing). A name a record applied
     that the listing lacks (a workaround since removed) gets a row of its own, marked ``unlisted``."""
-    fired = fired_on(records)
+    fired = fired_on(records, {(entry["backend"], entry["name"]) for entry in listing})
     rows = []
     for entry in listing:
         cells = fired.pop((entry["backend"], entry["name"]), [])

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.compare import CHANGE_KINDS, diff, expected_cells, stage_order
-from harness.ledger import ledger_rows, read_listing
+from harness.ledger import ledger_rows, owner, read_listing
 from harness.plan import PlanError, SweepPlan, plan_of_run
 from harness.records import SHAPE_MODES, SHARED_STAGES, CellRecord, error_signature
 from harness.store import RUN_FILE, CorruptRecordError, RunStore, read_json
@@ -368,14 +368,16 @@ def workaround_ledger(view: RunView, listing: list[dict] | None, stale: dict | N
         except CorruptRecordError as error:
             view.corrupt.append(str(error))
     if listing is None:
-        return {"rows": [], "known": False}
+        return {"rows": [], "known": False, "owner": lambda backend, name: backend}
     verdicts = {(f.get("backend"), f.get("name")): f for f in (stale or {}).get("workarounds", []) if isinstance(f, dict)}
     rows = ledger_rows(listing, view.records)
     for row in rows:
         row["finding"] = verdicts.get((row["backend"], row["name"]))
     fired = sum(bool(row["fired"]) for row in rows)
+    listed = {(row["backend"], row["name"]) for row in rows}
     return {"rows": rows, "known": True, "linked": sum(bool(row["upstream"]) for row in rows), "fired": fired,
-            "checked_at": (stale or {}).get("checked_at") if verdicts else None}  # fmt: skip
+            "checked_at": (stale or {}).get("checked_at") if verdicts else None,
+            "owner": lambda backend, name: owner(listed, backend, name)}  # fmt: skip
 
 
 # ── History: the nights before this one ──────────────────────────────────────

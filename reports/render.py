@@ -79,6 +79,7 @@ def write_report(run_dir, baseline=None, history=None, out=None, stale=None, wor
         "versions": _versions(view, base),
     }
     buckets = data.buckets(view)
+    ledger = data.workaround_ledger(view, workarounds, stale_data)
     pages = {
         "index.html": ("overview.html", {"stale": stale_data, "buckets": buckets[:10], "breakdown": data.breakdown(view)}),
         "matrix.html": ("matrix.html", {"rows": view.classes, "stages": sorted({r.stage for r in view.records if r.stage})}),
@@ -87,14 +88,15 @@ def write_report(run_dir, baseline=None, history=None, out=None, stale=None, wor
         "parity.html": ("parity.html", {"parity": data.parity(view)}),
         "registry.html": ("registry.html", {"rows": data.registry_rows(view, stale_data), "stale": stale_data}),
         "history.html": ("history.html", {"history": trend}),
-        "workarounds.html": ("workarounds.html", {"ledger": data.workaround_ledger(view, workarounds, stale_data)}),
+        "workarounds.html": ("workarounds.html", {"ledger": ledger}),
     }
     for filename, (template, extra) in pages.items():
         page = environment.get_template(template).render(page=filename, root="", **context, **extra)
         _write(site / filename, page)
     cell_template = environment.get_template("cell.html")
     for record in view.records:
-        page = cell_template.render(page="cell", root="../", run=view, record=record, versions=context["versions"])
+        page = cell_template.render(page="cell", root="../", run=view, record=record, versions=context["versions"],
+                                    owner=ledger["owner"])  # fmt: skip
         _write(site / "cells" / f"{record.cell_id}.html", page)
     _write(site / "summary.md", summary_markdown(view, context["tiles"], context["changes"], buckets, stale_data))
     _write(site / "junit.xml", junit_xml(view, context["changes"]))
