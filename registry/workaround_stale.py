@@ -28,7 +28,7 @@ from .github import GitHubClient, is_fixed
 STALE_VERDICTS = ("target gone", "never fires", "not needed on the cells tried", "version reached", "upstream closed")
 # Verdicts the version and the upstream state cannot change: a gone target or a passing re-run says more
 FINAL = ("target gone", "not needed on the cells tried", "backend setup: not checked",
-         "not checked (it cannot be turned off)")  # fmt: skip
+         "not checked (it cannot be turned off)", "gone from the code since that run")  # fmt: skip
 
 
 @dataclass
@@ -88,7 +88,9 @@ def check_workarounds(rows: list[dict], seconds: dict[str, float], versions: dic
             finding.evidence.append(f"target gone: {gone}")
         elif row["kind"] == "backend_preparation":
             finding.verdict = "backend setup: not checked"
-        elif row["kind"] in ("switch", "unlisted"):
+        elif row["kind"] == "unlisted":
+            finding.verdict = "gone from the code since that run"
+        elif row["kind"] == "switch":
             finding.verdict = "not checked (it cannot be turned off)" if fired else "never fires"
         elif not fired:
             finding.verdict = "never fires"
