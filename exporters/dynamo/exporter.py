@@ -30,7 +30,7 @@ from ..errors import DynamoExportError
 from ..exported import build_metadata
 from ..leaves import spec_leaf_names, split_inputs
 from ..pytree import is_flattened_here, register_pytree_nodes
-from ..registration import apply_patches, register_patch, register_switch, report_applied
+from ..registration import apply_patches, register_switch
 from ..stages import StageLog
 from .patches.attention import segmented_attention  # imports every family of patches, in registration order
 from .runtime import DynamoExported
@@ -205,27 +205,6 @@ def auto_dynamic_shapes(value: Any) -> Any:
         children, _context = node.flatten_fn(value)
         return [auto_dynamic_shapes(child) for child in children]
     return None
-
-
-@register_patch(
-    "dynamo", "torch.fx.experimental.symbolic_shapes.DimConstraints.solve", reports=True,
-    model_side="upstream change: torch's DimConstraints.solve (torch/fx/experimental/symbolic_shapes.py) catches"
-               " sympy's NotImplementedError in its equality-solving loop too and keeps the unsolved guard as a "
-               "run-time check, as it already does for univariate inequalities.",
-)
-def _patch_dim_constraints_unsolvable_left_as_guards(original):
-    """After tracing, torch.export solves the guards on dynamic sizes with sympy to suggest fixes for constraint
-    violations. Sympy cannot solve a divisibility through nested floors (Xcodec's audio length must be a multiple of
-    its hop, 320: "cannot be solved using solve_univariate_inequality") and the whole export failed. With `Dim.AUTO`
-    there is no violation to explain: the guard stays in the program as a run-time check."""
-
-    def solve(self):
-        try:
-            return original(self)
-        except NotImplementedError:
-            report_applied()
-
-    return solve
 
 
 # ── Stage 5: State cleanup ───────────────────────────────────────────────────
