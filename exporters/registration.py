@@ -261,34 +261,30 @@ FX_NODE_FIXES: dict[str, list[Callable]] = {backend: [] for backend in BACKENDS}
 FX_PROGRAM_FIXES: dict[str, list[Callable]] = {backend: [] for backend in BACKENDS}
 
 
-def register_fx_node_fix(backend: str, upstream: str | None = None, model_side: str | None = None,
-                         fixed_when: str | None = None):  # fmt: skip
-    """Register ``fix(graph_module, node) -> bool``: rewrite one node, return whether the graph changed."""
+def _fx_fix_registrar(table: dict[str, list[Callable]], backend: str, known: dict[str, str | None]):
     check_backend(backend)
-    known = {"upstream": upstream, "model_side": model_side, "fixed_when": fixed_when}
 
     def decorator(fix):
         refuse_duplicate(backend, fix)
         _record_waits(backend, fix, known)
-        FX_NODE_FIXES[backend].append(fix)
+        table[backend].append(fix)
         return fix
 
     return decorator
+
+
+def register_fx_node_fix(backend: str, upstream: str | None = None, model_side: str | None = None,
+                         fixed_when: str | None = None):  # fmt: skip
+    """Register ``fix(graph_module, node) -> bool``: rewrite one node, return whether the graph changed."""
+    known = {"upstream": upstream, "model_side": model_side, "fixed_when": fixed_when}
+    return _fx_fix_registrar(FX_NODE_FIXES, backend, known)
 
 
 def register_fx_program_fix(backend: str, upstream: str | None = None, model_side: str | None = None,
                             fixed_when: str | None = None):  # fmt: skip
     """Register ``fix(exported_program) -> bool``: repair a whole program, return whether it changed."""
-    check_backend(backend)
     known = {"upstream": upstream, "model_side": model_side, "fixed_when": fixed_when}
-
-    def decorator(fix):
-        refuse_duplicate(backend, fix)
-        _record_waits(backend, fix, known)
-        FX_PROGRAM_FIXES[backend].append(fix)
-        return fix
-
-    return decorator
+    return _fx_fix_registrar(FX_PROGRAM_FIXES, backend, known)
 
 
 def apply_fx_node_fixes(backend: str, graph_module, applied: list[str] | None = None) -> list[str]:

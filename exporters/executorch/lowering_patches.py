@@ -25,12 +25,8 @@ from ..rewrites import contiguity_asked_without_guards
     upstream="https://github.com/pytorch/pytorch/issues/165032",
 )
 def _patch_contiguity_asked_without_guards(original):
-    """Tracing records whether each result is contiguous, asking torch's "false when unsure" contiguity test. That
-    test still guards on a symbolic size whose example is 0, 1 or 2 (too few elements to matter, a dimension of one
-    to skip): DeepSeek V4 keeps the `length % 4` tokens past its last window, an example of one token when a prompt
-    of 7 is traced, and the program then refused a prompt of 5; HunYuan-VL's `images - 1` fixed the image count at
-    2 in ExecuTorch's re-trace (pytorch/pytorch#165032). Unsure stays false here without a guard: a size is skipped
-    or counted small only when it is so for every size the program takes."""
+    """The Dynamo patch of this name (`exporters/dynamo/patches/generic.py`, which says why), for the same
+    questions asked again by `to_edge`'s re-trace."""
     return contiguity_asked_without_guards(original)
 
 

@@ -24,10 +24,8 @@ from ..rewrites import resize_weights, running_extremes_by_comparison
                "edge-dialect exception.",
 )
 def _patch_running_extremes_by_comparison(original):
-    """ONNX has no running maximum or minimum, and torch.onnx no function for `cummax` or `cummin` (Grounding DINO
-    finds each token's previous and next special tokens by them). Position i's extreme is that of the row with the
-    values after i replaced by the value at i; its index, the last position holding it, which is i itself when the
-    value at i is the extreme."""
+    """The runtime has no kernel for `cummax` or `cummin` (Grounding DINO's special-token spans): computed from
+    comparisons, as for ONNX (`exporters/rewrites.py`)."""
     return running_extremes_by_comparison(original)
 
 

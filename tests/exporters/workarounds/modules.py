@@ -3,6 +3,7 @@ helpers that export them; every backend's workarounds are registered when this m
 
 import math
 
+import pytest
 import torch
 
 import exporters
@@ -763,3 +764,75 @@ class RecastTable(torch.nn.Module):
     def forward(self, positions):
         self.table = self.table.to(dtype=torch.float32)
         return self.table[positions]
+
+
+# The with-and-without checks the test files share: each file lists its cases, these run them.
+
+
+def check_class_case(name, backend, workaround, error):
+    """The sweep's tiny ``name`` exports on ``backend`` with ``workaround`` and matches eager; without it, fails."""
+    context = built_by_the_sweep(name)
+    assert context.ok, context.stages[-1].message
+    exported = export_tiny(context, backend)
+    assert workaround in exported.applied
+    assert_parity(exported(**context.inputs["A"]), context.expected["A"], TOLERANCE[backend])
+    with disabled_workarounds(workaround), pytest.raises(exporters.ExportError, match=error):
+        export_tiny(context, backend)
+
+
+def check_dynamic_cell_case(name, backend, failures):
+    """``name``'s dynamic cell as the sweep runs it, with every workaround and with each one disabled: for models
+    whose exported outputs are not eager's one for one (a tensor where eager returns None, cache leaves), the
+    sweep's parity compares the outputs eager has."""
+    from harness.cells import Cell, ClassContext, run_cell
+    from harness.models import select
+
+    model_class = select(name)[0]
+    context = ClassContext(model_class)
+    with_them = run_cell(Cell(model_class, backend, "dynamic"), context)
+    assert (with_them.status, with_them.message) == ("pass", None) and set(failures) <= set(with_them.applied)
+    for workaround, (stage, message) in failures.items():
+        with disabled_workarounds(workaround):
+            without = run_cell(Cell(model_class, backend, "dynamic"), context)
+        assert without.stage == stage and message in without.message, workaround
+
+
+def check_pattern_case(backend, module, inputs, workaround, error):
+    """A small module of one pattern exports with ``workaround``, equal to eager; without it, fails with ``error``."""
+    model = module().eval()
+    exporter, config = exporters.exporter_for(backend)
+    exported = exporter.export(model, inputs, config)
+    assert workaround in exported.applied
+    expected = model(**inputs)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    for got, want in zip(exported(**inputs).values(), expected, strict=True):
+        assert torch.equal(got, want)
+    with disabled_workarounds(workaround), pytest.raises(exporters.ExportError, match=error):
+        exporter.export(model, inputs, config)
+
+
+def check_axes_stay_dynamic(name, workaround, input_name):
+    """With ``workaround`` the dynamic program runs the second input set; without it ``input_name`` is fixed."""
+    context = built_by_the_sweep(name)
+    second = context.inputs["B"]
+    assert second[input_name].shape != context.inputs["A"][input_name].shape
+    exported = export_tiny(context, "dynamo", dynamic=True)
+    assert_parity(exported(**second), context.expected["B"], TOLERANCE["dynamo"])
+    with disabled_workarounds(workaround):
+        batch_fixed = export_tiny(context, "dynamo", dynamic=True)
+    with pytest.raises(Exception, match=input_name):
+        batch_fixed(**second)
+
+
+def check_runtime_case(module, inputs, workaround, error):
+    """A pattern that exports either way, but that the ExecuTorch runtime runs only rewritten by ``workaround``."""
+    model = module().eval()
+    exporter, config = exporters.exporter_for("executorch")
+    exported = exporter.export(model, inputs, config)
+    assert workaround in exported.applied
+    (got,) = exported(**inputs).values()
+    torch.testing.assert_close(got, model(**inputs), atol=1e-5, rtol=1e-5)
+    with disabled_workarounds(workaround):
+        as_traced = exporter.export(model, inputs, config)
+    with pytest.raises(RuntimeError, match=error):
+        as_traced(**inputs)

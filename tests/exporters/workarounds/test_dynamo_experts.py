@@ -8,7 +8,12 @@ import exporters
 from exporters.workarounds import disabled_workarounds
 
 from ..conftest import TOLERANCE, assert_parity
-from .modules import built_by_the_sweep, export_tiny, exported_on_the_varying_axes
+from .modules import (
+    check_axes_stay_dynamic,
+    check_class_case,
+    export_tiny,
+    exported_on_the_varying_axes,
+)
 
 
 CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaround, error without it)
@@ -22,13 +27,7 @@ CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaroun
 
 @pytest.mark.parametrize("name, backend, workaround, error", CLASS_CASES, ids=[case[2] for case in CLASS_CASES])
 def test_a_model_class_exports_with_its_workaround_and_fails_without(name, backend, workaround, error):
-    context = built_by_the_sweep(name)
-    assert context.ok, context.stages[-1].message
-    exported = export_tiny(context, backend)
-    assert workaround in exported.applied
-    assert_parity(exported(**context.inputs["A"]), context.expected["A"], TOLERANCE[backend])
-    with disabled_workarounds(workaround), pytest.raises(exporters.ExportError, match=error):
-        export_tiny(context, backend)
+    check_class_case(name, backend, workaround, error)
 
 
 DYNAMIC_CASES = [  # (model class, workaround, the input whose axis it keeps dynamic)
@@ -38,15 +37,7 @@ DYNAMIC_CASES = [  # (model class, workaround, the input whose axis it keeps dyn
 
 @pytest.mark.parametrize("name, workaround, input_name", DYNAMIC_CASES, ids=[case[1] for case in DYNAMIC_CASES])
 def test_a_model_keeps_its_axes_dynamic_with_its_workaround(name, workaround, input_name):
-    context = built_by_the_sweep(name)
-    second = context.inputs["B"]
-    assert second[input_name].shape != context.inputs["A"][input_name].shape
-    exported = export_tiny(context, "dynamo", dynamic=True)
-    assert_parity(exported(**second), context.expected["B"], TOLERANCE["dynamo"])
-    with disabled_workarounds(workaround):
-        batch_fixed = export_tiny(context, "dynamo", dynamic=True)
-    with pytest.raises(Exception, match=input_name):
-        batch_fixed(**second)
+    check_axes_stay_dynamic(name, workaround, input_name)
 
 
 @pytest.mark.parametrize(

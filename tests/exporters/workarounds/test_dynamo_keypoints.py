@@ -8,7 +8,7 @@ import torch
 import exporters
 from exporters.workarounds import disabled_workarounds
 
-from .modules import built_by_the_sweep, fixed_axes_with_and_without
+from .modules import built_by_the_sweep, check_dynamic_cell_case, fixed_axes_with_and_without
 
 
 DYNAMIC_CELL_CASES = [  # (model class, backend, {workaround: (stage, message) of its dynamic cell without it})
@@ -21,20 +21,7 @@ DYNAMIC_CELL_CASES = [  # (model class, backend, {workaround: (stage, message) o
 
 @pytest.mark.parametrize("name, backend, failures", DYNAMIC_CELL_CASES, ids=[case[0] for case in DYNAMIC_CELL_CASES])
 def test_a_dynamic_cell_passes_with_its_workarounds_and_fails_without_each(name, backend, failures):
-    """``name``'s dynamic cell as the sweep runs it, with every workaround and with each one disabled: for models
-    whose exported outputs are not eager's one for one (a tensor where eager returns None, cache leaves), the
-    sweep's parity compares the outputs eager has."""
-    from harness.cells import Cell, ClassContext, run_cell
-    from harness.models import select
-
-    model_class = select(name)[0]
-    context = ClassContext(model_class)
-    with_them = run_cell(Cell(model_class, backend, "dynamic"), context)
-    assert (with_them.status, with_them.message) == ("pass", None) and set(failures) <= set(with_them.applied)
-    for workaround, (stage, message) in failures.items():
-        with disabled_workarounds(workaround):
-            without = run_cell(Cell(model_class, backend, "dynamic"), context)
-        assert without.stage == stage and message in without.message, workaround
+    check_dynamic_cell_case(name, backend, failures)
 
 
 @pytest.mark.parametrize("confidence_bias, layers_kept", [

@@ -8,8 +8,12 @@ import torch
 import exporters
 from exporters.workarounds import disabled_workarounds
 
-from ..conftest import TOLERANCE, assert_parity
-from .modules import built_by_the_sweep, export_tiny, exported_on_the_varying_axes
+from .modules import (
+    built_by_the_sweep,
+    check_class_case,
+    check_dynamic_cell_case,
+    exported_on_the_varying_axes,
+)
 
 
 CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaround, error without it)
@@ -21,13 +25,7 @@ CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaroun
 
 @pytest.mark.parametrize("name, backend, workaround, error", CLASS_CASES, ids=[case[2] for case in CLASS_CASES])
 def test_a_model_class_exports_with_its_workaround_and_fails_without(name, backend, workaround, error):
-    context = built_by_the_sweep(name)
-    assert context.ok, context.stages[-1].message
-    exported = export_tiny(context, backend)
-    assert workaround in exported.applied
-    assert_parity(exported(**context.inputs["A"]), context.expected["A"], TOLERANCE[backend])
-    with disabled_workarounds(workaround), pytest.raises(exporters.ExportError, match=error):
-        export_tiny(context, backend)
+    check_class_case(name, backend, workaround, error)
 
 
 DYNAMIC_CELL_CASES = [  # (model class, backend, {workaround: (stage, message) of its dynamic cell without it})
@@ -39,20 +37,7 @@ DYNAMIC_CELL_CASES = [  # (model class, backend, {workaround: (stage, message) o
 
 @pytest.mark.parametrize("name, backend, failures", DYNAMIC_CELL_CASES, ids=[case[0] for case in DYNAMIC_CELL_CASES])
 def test_a_dynamic_cell_passes_with_its_workarounds_and_fails_without_each(name, backend, failures):
-    """``name``'s dynamic cell as the sweep runs it, with every workaround and with each one disabled: for models
-    whose exported outputs are not eager's one for one (a tensor where eager returns None, cache leaves), the
-    sweep's parity compares the outputs eager has."""
-    from harness.cells import Cell, ClassContext, run_cell
-    from harness.models import select
-
-    model_class = select(name)[0]
-    context = ClassContext(model_class)
-    with_them = run_cell(Cell(model_class, backend, "dynamic"), context)
-    assert (with_them.status, with_them.message) == ("pass", None) and set(failures) <= set(with_them.applied)
-    for workaround, (stage, message) in failures.items():
-        with disabled_workarounds(workaround):
-            without = run_cell(Cell(model_class, backend, "dynamic"), context)
-        assert without.stage == stage and message in without.message, workaround
+    check_dynamic_cell_case(name, backend, failures)
 
 
 @pytest.mark.parametrize("name", ["VoxtralModel", "InklingModel"])

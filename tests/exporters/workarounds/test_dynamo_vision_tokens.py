@@ -5,12 +5,9 @@ passes with its workaround and fails, or differs from eager, without it.
 import pytest
 import torch
 
-import exporters
 from exporters.registration import apply_patches
-from exporters.workarounds import disabled_workarounds
 
-from ..conftest import TOLERANCE, assert_parity
-from .modules import built_by_the_sweep, export_tiny
+from .modules import built_by_the_sweep, check_class_case
 
 
 CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaround, error without it)
@@ -25,13 +22,7 @@ CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaroun
 
 @pytest.mark.parametrize("name, backend, workaround, error", CLASS_CASES, ids=[case[2] for case in CLASS_CASES])
 def test_a_model_class_exports_with_its_workaround_and_fails_without(name, backend, workaround, error):
-    context = built_by_the_sweep(name)
-    assert context.ok, context.stages[-1].message
-    exported = export_tiny(context, backend)
-    assert workaround in exported.applied
-    assert_parity(exported(**context.inputs["A"]), context.expected["A"], TOLERANCE[backend])
-    with disabled_workarounds(workaround), pytest.raises(exporters.ExportError, match=error):
-        export_tiny(context, backend)
+    check_class_case(name, backend, workaround, error)
 
 
 def test_vilt_patches_kept_in_place_answer_like_eager_for_images_of_other_extents():

@@ -9,7 +9,6 @@ import exporters
 from exporters.registration import apply_patches
 from exporters.workarounds import disabled_workarounds
 
-from ..conftest import TOLERANCE, assert_parity
 from .modules import (
     AntialiasedResize,
     InterpolationTaps,
@@ -22,9 +21,10 @@ from .modules import (
     Tubelets,
     VideoConvolution,
     assert_runs_like_eager,
-    built_by_the_sweep,
+    check_class_case,
+    check_pattern_case,
+    check_runtime_case,
     executorch_dynamic,
-    export_tiny,
 )
 
 
@@ -35,13 +35,7 @@ CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaroun
 
 @pytest.mark.parametrize("name, backend, workaround, error", CLASS_CASES, ids=[case[2] for case in CLASS_CASES])
 def test_a_model_class_exports_with_its_workaround_and_fails_without(name, backend, workaround, error):
-    context = built_by_the_sweep(name)
-    assert context.ok, context.stages[-1].message
-    exported = export_tiny(context, backend)
-    assert workaround in exported.applied
-    assert_parity(exported(**context.inputs["A"]), context.expected["A"], TOLERANCE[backend])
-    with disabled_workarounds(workaround), pytest.raises(exporters.ExportError, match=error):
-        export_tiny(context, backend)
+    check_class_case(name, backend, workaround, error)
 
 
 RUNTIME_CASES = [  # (module, inputs, workaround, what the ExecuTorch runtime says without it)
@@ -57,16 +51,7 @@ RUNTIME_CASES = [  # (module, inputs, workaround, what the ExecuTorch runtime sa
 
 @pytest.mark.parametrize("module, inputs, workaround, error", RUNTIME_CASES, ids=[c[2] for c in RUNTIME_CASES])
 def test_a_pattern_the_executorch_runtime_cannot_run_is_rewritten(module, inputs, workaround, error):
-    model = module().eval()
-    exporter, config = exporters.exporter_for("executorch")
-    exported = exporter.export(model, inputs, config)
-    assert workaround in exported.applied
-    (got,) = exported(**inputs).values()
-    torch.testing.assert_close(got, model(**inputs), atol=1e-5, rtol=1e-5)
-    with disabled_workarounds(workaround):
-        as_traced = exporter.export(model, inputs, config)
-    with pytest.raises(RuntimeError, match=error):
-        as_traced(**inputs)
+    check_runtime_case(module, inputs, workaround, error)
 
 
 MODULE_CASES = [  # (backend, module, inputs, workaround, error without it)
@@ -82,16 +67,7 @@ MODULE_CASES = [  # (backend, module, inputs, workaround, error without it)
 
 @pytest.mark.parametrize("backend, module, inputs, workaround, error", MODULE_CASES, ids=[c[3] for c in MODULE_CASES])
 def test_a_traced_pattern_exports_with_its_workaround_and_fails_without(backend, module, inputs, workaround, error):
-    model = module().eval()
-    exporter, config = exporters.exporter_for(backend)
-    exported = exporter.export(model, inputs, config)
-    assert workaround in exported.applied
-    expected = model(**inputs)
-    expected = expected if isinstance(expected, tuple) else (expected,)
-    for got, want in zip(exported(**inputs).values(), expected, strict=True):
-        assert torch.equal(got, want)
-    with disabled_workarounds(workaround), pytest.raises(exporters.ExportError, match=error):
-        exporter.export(model, inputs, config)
+    check_pattern_case(backend, module, inputs, workaround, error)
 
 
 def test_executorch_antialiased_bicubic_resize_as_matrix_products():

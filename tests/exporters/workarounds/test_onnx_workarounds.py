@@ -23,6 +23,7 @@ from .modules import (
     SqueezedProjection,
     TinyEpsilonNorm,
     TransducerJoint,
+    check_pattern_case,
     export_module,
     export_tiny,
 )
@@ -46,16 +47,7 @@ MODULE_CASES = [  # (backend, module, inputs, workaround, error without it)
 
 @pytest.mark.parametrize("backend, module, inputs, workaround, error", MODULE_CASES, ids=[c[3] for c in MODULE_CASES])
 def test_a_traced_pattern_exports_with_its_workaround_and_fails_without(backend, module, inputs, workaround, error):
-    model = module().eval()
-    exporter, config = exporters.exporter_for(backend)
-    exported = exporter.export(model, inputs, config)
-    assert workaround in exported.applied
-    expected = model(**inputs)
-    expected = expected if isinstance(expected, tuple) else (expected,)
-    for got, want in zip(exported(**inputs).values(), expected, strict=True):
-        assert torch.equal(got, want)
-    with disabled_workarounds(workaround), pytest.raises(exporters.ExportError, match=error):
-        exporter.export(model, inputs, config)
+    check_pattern_case(backend, module, inputs, workaround, error)
 
 
 def test_t5_onnx_needs_the_reshape_fix(tiny):
