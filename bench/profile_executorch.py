@@ -1,0 +1,144 @@
+"""Where an ExecuTorch cell spends its time: a sampling profile (pyinstrument) of the ExecuTorch cells of a seeded
+sample, each cell's time split by exporter stage and, inside a stage, by who does the work.
+
+    .venv/bin/python bench/profile_executorch.py --sample 40 --seed 1 --out bench/profile_executorch.json
+    # or in two processes, one per core, then summed:
+    .venv/bin/python bench/profile_executorch.py --shard 1/2 --out a.json & ... --shard 2/2 --out b.json; wait
+    .venv/bin/python bench/profile_executorch.py --combine a.json b.json --out bench/profile_executorch.json
+
+Every sample is attributed twice: to the outermost exporter stage on its stack (torch-export, our FX fixes,
+to-edge, to-executorch, load and run), and to the innermost kind of work that matches (symbolic-shape reasoning,
+decompositions, partitioner, XNNPACK preprocessing, serialization, our workarounds). The cells run in this process,
+one after the other (not under the sweep's workers), so the profile sees them whole; a cell is cut at --timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from harness.cells import Cell, ClassContext, run_cell  # noqa: E402
+from harness.models import select  # noqa: E402
+from harness.workers import warm_imports  # noqa: E402
+
+# (stage, test on a frame) from the outside in: the first frame of a stack that matches names its stage
+STAGES = [
+    ("torch-export", lambda function, path: function == "trace_model" and "exporters/dynamo" in path),
+    ("our FX fixes", lambda function, path: function in ("apply_fx_program_fixes", "apply_fx_node_fixes")),
+    ("to-edge", lambda function, path: function == "to_edge_transform_and_lower"),
+    ("to-executorch", lambda function, path: function == "to_executorch"),
+    ("load and run", lambda function, path: "exporters/executorch/runtime.py" in path or function == "__call__"),
+]
+
+WORKAROUND_FILES = ("exporters/dynamo/patches/", "exporters/executorch/torch_patches", "lowering_patches", "node_fixes",
+                    "program_fixes", "exporters/rewrites.py", "exporters/registration.py")
+# (kind, test) from the inside out: the innermost frame that matches names the kind of work
+KINDS = [
+    ("symbolic-shape reasoning", lambda function, path: "/sympy/" in path or "symbolic_shapes" in path
+     or "torch/utils/_sympy" in path or "value_ranges" in path),
+    ("our workarounds", lambda function, path: any(part in path for part in WORKAROUND_FILES)),
+    ("decompositions", lambda function, path: function in ("run_decompositions", "_decompose_exported_program",
+                                                           "_decompose_and_get_gm_with_new_signature_constants")),
+    ("XNNPACK preprocessing", lambda function, path: function == "preprocess" and "xnnpack" in path),
+    ("partitioner", lambda function, path: "partition" in path.rsplit("/", 1)[-1] or "partitioner" in path),
+    ("serialization", lambda function, path: "_serialize" in path or "/emit/" in path),
+    ("verifier", lambda function, path: "verifier" in path),
+    ("retrace (make_fx / export)", lambda function, path: "proxy_tensor" in path or "_trace.py" in path),
+]  # fmt: skip
+
+
+def attribute(frame, stack, seconds_by, shape_mode):
+    """Add each frame's own time to (shape mode, stage, kind) by its stack."""
+    own = frame.time - sum(child.time for child in frame.children)
+    stack = stack + [(frame.function or "", frame.file_path or "")]
+    if own > 0:
+        stage = next((name for name, test in STAGES for f, p in stack if test(f, p)), "other (eager inputs, parity)")
+        kind = next((name for f, p in reversed(stack) for name, test in KINDS if test(f, p)), "other")
+        seconds_by[(shape_mode, stage, kind)] += own
+    for child in frame.children:
+        attribute(child, stack, seconds_by, shape_mode)
+
+
+class CellTimeout(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise CellTimeout()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sample", type=int, default=40)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--shapes", default="static,dynamic")
+    parser.add_argument("--timeout", type=int, default=600)
+    parser.add_argument("--shard", default="1/1", help="i/n: every n-th class of the sample, from the i-th")
+    parser.add_argument("--combine", type=Path, nargs="+", help="sum these outputs instead of profiling")
+    parser.add_argument("--out", type=Path, default=Path("bench/profile_executorch.json"))
+    args = parser.parse_args()
+    if args.combine:
+        parts = [json.loads(path.read_text()) for path in args.combine]
+        seconds_by = defaultdict(float)
+        for part in parts:
+            for row in part["profile"]:
+                seconds_by[(row["shape_mode"], row["stage"], row["kind"])] += row["seconds"]
+        write(args, [cell for part in parts for cell in part["cells"]], seconds_by)
+        return
+    index, count = map(int, args.shard.split("/"))
+
+    from pyinstrument import Profiler
+
+    signal.signal(signal.SIGALRM, _alarm)
+    warm_imports(["executorch"])  # as a sweep worker starts: imports and XNNPACK's first lowering are not a cell's
+    seconds_by: dict[tuple[str, str, str], float] = defaultdict(float)
+    cells = []
+    for model_class in select("all", sample=args.sample, seed=args.seed)[index - 1 :: count]:
+        context = ClassContext(model_class).prepare()  # config, build, eager: shared by the class' cells, not profiled
+        for shape_mode in args.shapes.split(","):
+            profiler = Profiler(interval=0.01)
+            start = time.perf_counter()
+            signal.alarm(args.timeout)
+            profiler.start()
+            try:
+                record = run_cell(Cell(model_class, "executorch", shape_mode), context)
+                status, stage = record.status, record.stage
+                stages = {s.name: s.seconds for s in record.stages}
+            except CellTimeout:
+                status, stage, stages = "timeout", None, {}
+            finally:
+                session = profiler.stop()
+                signal.alarm(0)
+            if session.root_frame() is not None:
+                attribute(session.root_frame(), [], seconds_by, shape_mode)
+            seconds = time.perf_counter() - start
+            cells.append({"cell": f"{model_class.name}-executorch-{shape_mode}", "status": status, "stage": stage,
+                          "seconds": round(seconds, 2), "stages": stages})  # fmt: skip
+            print(f"{cells[-1]['cell']}: {status} {seconds:.1f} s", flush=True)
+    write(args, cells, seconds_by)
+
+
+def write(args, cells, seconds_by):
+    """The profile as JSON rows, each a share of its shape mode's total, and the largest printed."""
+    totals = defaultdict(float)
+    for (shape_mode, _, _), seconds in seconds_by.items():
+        totals[shape_mode] += seconds
+    table = [{"shape_mode": shape_mode, "stage": stage, "kind": kind, "seconds": round(seconds, 2),
+              "share": round(seconds / totals[shape_mode], 4)}
+             for (shape_mode, stage, kind), seconds in sorted(seconds_by.items(), key=lambda item: -item[1])]  # fmt: skip
+    args.out.write_text(json.dumps({"sample": args.sample, "seed": args.seed, "cells": cells, "profile": table}, indent=1))
+    for shape_mode, total in totals.items():
+        print(f"{shape_mode}: {total:.0f} s profiled")
+        for row in [row for row in table if row["shape_mode"] == shape_mode][:15]:
+            print(f"  {row['share']:7.1%} {row['seconds']:9.1f} s  {row['stage']:<16} {row['kind']}")
+
+
+if __name__ == "__main__":
+    main()
