@@ -6,9 +6,10 @@ sample, each cell's time split by exporter stage and, inside a stage, by who doe
     .venv/bin/python bench/profile_executorch.py --shard 1/2 --out a.json & ... --shard 2/2 --out b.json; wait
     .venv/bin/python bench/profile_executorch.py --combine a.json b.json --out bench/profile_executorch.json
 
-Every sample is attributed twice: to the outermost exporter stage on its stack (torch-export, our FX fixes,
-to-edge, to-executorch, load and run), and to the innermost kind of work that matches (symbolic-shape reasoning,
-decompositions, partitioner, XNNPACK preprocessing, serialization, our workarounds). The cells run in this process,
+Every sample is attributed three ways: to the exporter stage on its stack (torch-export, our FX fixes, to-edge,
+to-executorch, load and run), to the outermost step of ExecuTorch's lowering under it (decompositions, edge passes,
+partitioning, XNNPACK preprocessing, verifier, memory planning and emit, serialization), and to who does the work,
+by its innermost frame (symbolic-shape reasoning, our workarounds, or the libraries). The cells run in this process,
 one after the other (not under the sweep's workers), so the profile sees them whole; a cell is cut at --timeout.
 """
 
@@ -37,31 +38,37 @@ STAGES = [
     ("load and run", lambda function, path: "exporters/executorch/runtime.py" in path or function == "__call__"),
 ]
 
+# (step, test) from the outside in, within a stage: which part of ExecuTorch's lowering runs
+STEPS = [
+    ("decompositions (run_decompositions)", lambda function, path: function == "run_decompositions"),
+    ("edge passes (_generate_edge_program)", lambda function, path: function == "_generate_edge_program"),
+    ("partitioning", lambda function, path: function in ("_create_partitions", "partition")),
+    ("XNNPACK preprocessing", lambda function, path: function == "preprocess" and "xnnpack" in path),
+    ("verifier", lambda function, path: "verifier" in path or "verification" in path),
+    ("memory planning and emit", lambda function, path: "memory_planning" in path or "/emit/" in path),
+    ("serialization", lambda function, path: "_serialize" in path),
+    ("tracing (make_fx / export)", lambda function, path: "proxy_tensor" in path or "export/_trace.py" in path),
+]
+
 WORKAROUND_FILES = ("exporters/dynamo/patches/", "exporters/executorch/torch_patches", "lowering_patches", "node_fixes",
                     "program_fixes", "exporters/rewrites.py", "exporters/registration.py")
-# (kind, test) from the inside out: the innermost frame that matches names the kind of work
+# (kind, test) from the inside out: the innermost frame that matches names who does the work
 KINDS = [
     ("symbolic-shape reasoning", lambda function, path: "/sympy/" in path or "symbolic_shapes" in path
      or "torch/utils/_sympy" in path or "value_ranges" in path),
     ("our workarounds", lambda function, path: any(part in path for part in WORKAROUND_FILES)),
-    ("decompositions", lambda function, path: function in ("run_decompositions", "_decompose_exported_program",
-                                                           "_decompose_and_get_gm_with_new_signature_constants")),
-    ("XNNPACK preprocessing", lambda function, path: function == "preprocess" and "xnnpack" in path),
-    ("partitioner", lambda function, path: "partition" in path.rsplit("/", 1)[-1] or "partitioner" in path),
-    ("serialization", lambda function, path: "_serialize" in path or "/emit/" in path),
-    ("verifier", lambda function, path: "verifier" in path),
-    ("retrace (make_fx / export)", lambda function, path: "proxy_tensor" in path or "_trace.py" in path),
 ]  # fmt: skip
 
 
 def attribute(frame, stack, seconds_by, shape_mode):
-    """Add each frame's own time to (shape mode, stage, kind) by its stack."""
+    """Add each frame's own time to (shape mode, stage, step, kind) by its stack."""
     own = frame.time - sum(child.time for child in frame.children)
     stack = stack + [(frame.function or "", frame.file_path or "")]
     if own > 0:
         stage = next((name for name, test in STAGES for f, p in stack if test(f, p)), "other (eager inputs, parity)")
-        kind = next((name for f, p in reversed(stack) for name, test in KINDS if test(f, p)), "other")
-        seconds_by[(shape_mode, stage, kind)] += own
+        step = next((name for f, p in stack for name, test in STEPS if test(f, p)), "other")
+        kind = next((name for f, p in reversed(stack) for name, test in KINDS if test(f, p)), "the libraries")
+        seconds_by[(shape_mode, stage, step, kind)] += own
     for child in frame.children:
         attribute(child, stack, seconds_by, shape_mode)
 
@@ -89,7 +96,7 @@ def main():
         seconds_by = defaultdict(float)
         for part in parts:
             for row in part["profile"]:
-                seconds_by[(row["shape_mode"], row["stage"], row["kind"])] += row["seconds"]
+                seconds_by[(row["shape_mode"], row["stage"], row["step"], row["kind"])] += row["seconds"]
         write(args, [cell for part in parts for cell in part["cells"]], seconds_by)
         return
     index, count = map(int, args.shard.split("/"))
@@ -98,7 +105,7 @@ def main():
 
     signal.signal(signal.SIGALRM, _alarm)
     warm_imports(["executorch"])  # as a sweep worker starts: imports and XNNPACK's first lowering are not a cell's
-    seconds_by: dict[tuple[str, str, str], float] = defaultdict(float)
+    seconds_by: dict[tuple[str, str, str, str], float] = defaultdict(float)
     cells = []
     for model_class in select("all", sample=args.sample, seed=args.seed)[index - 1 :: count]:
         context = ClassContext(model_class).prepare()  # config, build, eager: shared by the class' cells, not profiled
@@ -122,22 +129,23 @@ def main():
             cells.append({"cell": f"{model_class.name}-executorch-{shape_mode}", "status": status, "stage": stage,
                           "seconds": round(seconds, 2), "stages": stages})  # fmt: skip
             print(f"{cells[-1]['cell']}: {status} {seconds:.1f} s", flush=True)
+            write(args, cells, seconds_by, quiet=True)  # after each cell: a cut run keeps what it measured
     write(args, cells, seconds_by)
 
 
-def write(args, cells, seconds_by):
+def write(args, cells, seconds_by, quiet=False):
     """The profile as JSON rows, each a share of its shape mode's total, and the largest printed."""
     totals = defaultdict(float)
-    for (shape_mode, _, _), seconds in seconds_by.items():
+    for (shape_mode, *_), seconds in seconds_by.items():
         totals[shape_mode] += seconds
-    table = [{"shape_mode": shape_mode, "stage": stage, "kind": kind, "seconds": round(seconds, 2),
+    table = [{"shape_mode": shape_mode, "stage": stage, "step": step, "kind": kind, "seconds": round(seconds, 2),
               "share": round(seconds / totals[shape_mode], 4)}
-             for (shape_mode, stage, kind), seconds in sorted(seconds_by.items(), key=lambda item: -item[1])]  # fmt: skip
+             for (shape_mode, stage, step, kind), seconds in sorted(seconds_by.items(), key=lambda item: -item[1])]  # fmt: skip
     args.out.write_text(json.dumps({"sample": args.sample, "seed": args.seed, "cells": cells, "profile": table}, indent=1))
-    for shape_mode, total in totals.items():
+    for shape_mode, total in ({} if quiet else totals).items():
         print(f"{shape_mode}: {total:.0f} s profiled")
         for row in [row for row in table if row["shape_mode"] == shape_mode][:15]:
-            print(f"  {row['share']:7.1%} {row['seconds']:9.1f} s  {row['stage']:<16} {row['kind']}")
+            print(f"  {row['share']:7.1%} {row['seconds']:9.1f} s  {row['stage']:<14} {row['step']:<38} {row['kind']}")
 
 
 if __name__ == "__main__":
