@@ -52,6 +52,14 @@ def _changed(before, after) -> set[str]:
     return {cell for cell in before if before[cell] != after[cell]}
 
 
+def _changed_by(tmp_path, edit) -> tuple[dict, set[str]]:
+    """Every cell's key, then the cells whose key ``edit(code, models)`` on the copies changed."""
+    code, models = _copies(tmp_path)
+    before = _keys(ResultCache(tmp_path, code_root=code, source_root=models))
+    edit(code, models)
+    return before, _changed(before, _keys(ResultCache(tmp_path, code_root=code, source_root=models)))
+
+
 def test_keys_are_stable_and_distinct(tmp_path):
     code, models = _copies(tmp_path)
     first = _keys(ResultCache(tmp_path, code_root=code, source_root=models))
@@ -61,65 +69,63 @@ def test_keys_are_stable_and_distinct(tmp_path):
 
 
 def test_a_changed_modeling_file_invalidates_exactly_that_class(tmp_path):
-    code, models = _copies(tmp_path)
-    before = _keys(ResultCache(tmp_path, code_root=code, source_root=models))
-    _append(models / "models" / "gpt2" / "modeling_gpt2.py", "\n# a change\n")
-    after = _keys(ResultCache(tmp_path, code_root=code, source_root=models))
-    changed = {cell for cell in before if before[cell] != after[cell]}
+    def edit(code, models):
+        _append(models / "models" / "gpt2" / "modeling_gpt2.py", "\n# a change\n")
+
+    before, changed = _changed_by(tmp_path, edit)
     assert changed == {cell for cell in before if cell.startswith("GPT2Model-")}
 
 
 def test_a_changed_configuration_file_invalidates_every_class_of_that_model(tmp_path):
-    code, models = _copies(tmp_path)
-    before = _keys(ResultCache(tmp_path, code_root=code, source_root=models))
-    _append(models / "models" / "bert" / "configuration_bert.py", "\n# a change\n")
-    after = _keys(ResultCache(tmp_path, code_root=code, source_root=models))
-    changed = {cell.split("-")[0] for cell in before if before[cell] != after[cell]}
-    assert changed == {"BertModel", "BertForMaskedLM"}
+    def edit(code, models):
+        _append(models / "models" / "bert" / "configuration_bert.py", "\n# a change\n")
+
+    before, changed = _changed_by(tmp_path, edit)
+    assert {cell.split("-")[0] for cell in changed} == {"BertModel", "BertForMaskedLM"}
 
 
 def test_a_changed_onnx_pipeline_file_invalidates_the_onnx_cells_only(tmp_path):
-    code, models = _copies(tmp_path)
-    before = _keys(ResultCache(tmp_path, code_root=code, source_root=models))
-    _append(code / "exporters" / "onnx" / "exporter.py", "\nEDITED = True\n")
-    after = _keys(ResultCache(tmp_path, code_root=code, source_root=models))
-    assert _changed(before, after) == {cell for cell in before if "-onnx-" in cell}
+    def edit(code, models):
+        _append(code / "exporters" / "onnx" / "exporter.py", "\nEDITED = True\n")
+
+    before, changed = _changed_by(tmp_path, edit)
+    assert changed == {cell for cell in before if "-onnx-" in cell}
 
 
 def test_a_changed_dynamo_pipeline_file_invalidates_every_cell_that_traces_through_it(tmp_path):
-    code, models = _copies(tmp_path)
-    before = _keys(ResultCache(tmp_path, code_root=code, source_root=models))
-    _append(code / "exporters" / "dynamo" / "exporter.py", "\nEDITED = True\n")
-    after = _keys(ResultCache(tmp_path, code_root=code, source_root=models))
-    assert _changed(before, after) == set(before), "ONNX and ExecuTorch export through the Dynamo trace"
+    def edit(code, models):
+        _append(code / "exporters" / "dynamo" / "exporter.py", "\nEDITED = True\n")
+
+    before, changed = _changed_by(tmp_path, edit)
+    assert changed == set(before), "ONNX and ExecuTorch export through the Dynamo trace"
 
 
 def test_a_changed_model_patch_invalidates_its_family_only(tmp_path):
-    code, models = _copies(tmp_path)
-    before = _keys(ResultCache(tmp_path, code_root=code, source_root=models))
-    _edit(code / "exporters" / "dynamo" / "patches" / "text.py", '"""Longformer (and LED\'s encoder) gathers',
-          '"""Longformer (and LED\'s encoder, edited) gathers')
-    after = _keys(ResultCache(tmp_path, code_root=code, source_root=models))
-    assert _changed(before, after) == {cell for cell in before if cell.startswith("LongformerForMaskedLM-")}
+    def edit(code, models):
+        _edit(code / "exporters" / "dynamo" / "patches" / "text.py", '"""Longformer (and LED\'s encoder) gathers',
+              '"""Longformer (and LED\'s encoder, edited) gathers')
+
+    before, changed = _changed_by(tmp_path, edit)
+    assert changed == {cell for cell in before if cell.startswith("LongformerForMaskedLM-")}
 
 
 def test_a_changed_executorch_node_fix_invalidates_the_executorch_cells_only(tmp_path):
-    code, models = _copies(tmp_path)
-    before = _keys(ResultCache(tmp_path, code_root=code, source_root=models))
-    _edit(code / "exporters" / "executorch" / "node_fixes.py", "def _fix_max_for_xnnpack(graph_module, node) -> bool:",
-          "def _fix_max_for_xnnpack(graph_module, node) -> bool:  # edited")
-    after = _keys(ResultCache(tmp_path, code_root=code, source_root=models))
-    assert _changed(before, after) == {cell for cell in before if "-executorch-" in cell}
+    def edit(code, models):
+        _edit(code / "exporters" / "executorch" / "node_fixes.py", "def _fix_max_for_xnnpack(graph_module, node) -> bool:",
+              "def _fix_max_for_xnnpack(graph_module, node) -> bool:  # edited")
+
+    before, changed = _changed_by(tmp_path, edit)
+    assert changed == {cell for cell in before if "-executorch-" in cell}
 
 
 def test_a_comment_or_a_file_no_cell_runs_changes_nothing(tmp_path):
-    code, models = _copies(tmp_path)
-    before = _keys(ResultCache(tmp_path, code_root=code, source_root=models))
-    _append(code / "exporters" / "onnx" / "workarounds.py", "\n# a note for readers\n")
-    _append(code / "harness" / "compare.py", "\nEDITED = True\n")  # reporting: no cell's result depends on it
-    (code / "README.md").write_text("edited\n")
-    after = _keys(ResultCache(tmp_path, code_root=code, source_root=models))
-    assert _changed(before, after) == set()
+    def edit(code, models):
+        _append(code / "exporters" / "onnx" / "workarounds.py", "\n# a note for readers\n")
+        _append(code / "harness" / "compare.py", "\nEDITED = True\n")  # reporting: no cell's result depends on it
+        (code / "README.md").write_text("edited\n")
+
+    before, changed = _changed_by(tmp_path, edit)
+    assert changed == set()
 
 
 def test_a_registry_entry_invalidates_its_class_only(tmp_path):
