@@ -187,7 +187,7 @@ class ResultCache:
         record, _why = self.explain(cell)
         if record is None:
             return None
-        record.reused, record.cache_key = True, self.key(cell)
+        record.reused = True  # its stored cache_key is the one it was made under, and explain() found it unchanged
         self.hits += 1
         return record
 
