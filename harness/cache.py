@@ -20,13 +20,12 @@ machine as much as on the code.
 from __future__ import annotations
 
 import ast
-import hashlib
 import json
 import os
 from functools import cache
 from pathlib import Path
 
-from .code_index import CodeIndex
+from .code_index import CodeIndex, digest
 from .records import CellRecord
 from .store import read_json, write_json_atomic
 
@@ -42,17 +41,9 @@ def default_cache_dir() -> Path:
     return Path(root)
 
 
-def _digest(*parts: bytes | str) -> str:
-    hasher = hashlib.sha256()
-    for part in parts:
-        hasher.update(part.encode() if isinstance(part, str) else part)
-        hasher.update(b"\0")
-    return hasher.hexdigest()
-
-
 def _file_digest(path: Path) -> str:
     try:
-        return _digest(path.read_bytes())
+        return digest(path.read_bytes())
     except OSError:
         return "missing"
 
@@ -61,7 +52,7 @@ def _file_digest(path: Path) -> str:
 def versions_digest() -> str:
     from exporters.versions import package_versions
 
-    return _digest(json.dumps(package_versions(), sort_keys=True))
+    return digest(json.dumps(package_versions(), sort_keys=True))
 
 
 def transformers_root() -> Path:
@@ -110,7 +101,7 @@ class ResultCache:
         self.registry = registry
         self.source_root = source_root or transformers_root()
         self.index = CodeIndex.read(code_root)
-        self.harness = _digest(*(_file_digest(Path(code_root) / "harness" / name) for name in _HARNESS_FILES))
+        self.harness = digest(*(_file_digest(Path(code_root) / "harness" / name) for name in _HARNESS_FILES))
         self.salt = salt  # what else changes results (workarounds turned off for the run)
         self._classes: dict[str, str] = {}
         self._registries: dict[str, str] = {}
@@ -120,7 +111,7 @@ class ResultCache:
     def _class_digest(self, model) -> str:
         if model.name not in self._classes:
             sources = [f"{path.name}:{_file_digest(path)}" for path in _class_sources(model.module, self.source_root)]
-            self._classes[model.name] = _digest(model.name, model.model_type, *sources)
+            self._classes[model.name] = digest(model.name, model.model_type, *sources)
         return self._classes[model.name]
 
     def _registry_digest(self, model) -> str:
@@ -130,7 +121,7 @@ class ResultCache:
                 entries = [entry.as_dict() for entry in self.registry.entries if entry.model == model.name]
                 for entry in entries:
                     entry.pop("line", None)
-            self._registries[model.name] = _digest(json.dumps(entries, sort_keys=True))
+            self._registries[model.name] = digest(json.dumps(entries, sort_keys=True))
         return self._registries[model.name]
 
     def parts(self, cell, modules=None, applied=()) -> dict:
@@ -147,7 +138,7 @@ class ResultCache:
 
     def key(self, cell) -> str:
         """The cell's key as it stands before it has run (no record yet to say what it applied)."""
-        return _digest(cell.backend, cell.shape_mode, json.dumps(self.parts(cell), sort_keys=True))
+        return digest(cell.backend, cell.shape_mode, json.dumps(self.parts(cell), sort_keys=True))
 
     def _path(self, cell) -> Path:
         return self.results / f"{cell.id}.json"
@@ -195,12 +186,12 @@ class ResultCache:
         if record.status in NOT_CACHED or record.reused:
             return
         parts = self.parts(cell, record.modules, record.applied)
-        record.cache_key = _digest(cell.backend, cell.shape_mode, json.dumps(parts, sort_keys=True))
+        record.cache_key = digest(cell.backend, cell.shape_mode, json.dumps(parts, sort_keys=True))
         write_json_atomic(self._path(cell), {"parts": parts, "record": record.to_dict()})
 
     # ── the workaround listing, for a run whose every cell was cached (no exporter imported) ──
     def _listing_path(self) -> Path:
-        return self.directory / "listings" / f"{_digest(json.dumps(self.index.fingerprint()))[:24]}.json"
+        return self.directory / "listings" / f"{digest(json.dumps(self.index.fingerprint()))[:24]}.json"
 
     def keep_listing(self, run_dir: Path) -> None:
         from .ledger import WORKAROUNDS_FILE

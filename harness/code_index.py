@@ -27,10 +27,11 @@ TRACED_THROUGH = {"dynamo": ("dynamo",), "onnx": ("dynamo", "onnx"), "executorch
 _MODELS = "transformers.models."
 
 
-def _digest(*parts: str) -> str:
+def digest(*parts: bytes | str) -> str:
+    """sha256 of the parts, each ended by a NUL (so ("ab", "c") and ("a", "bc") differ)."""
     hasher = hashlib.sha256()
     for part in parts:
-        hasher.update(part.encode())
+        hasher.update(part.encode() if isinstance(part, str) else part)
         hasher.update(b"\0")
     return hasher.hexdigest()
 
@@ -62,7 +63,7 @@ class CodeIndex:
             owner = relative[0] if len(relative) > 1 else SHARED
             workarounds, remainder = _split(path.read_text(), owner)
             index.workarounds.extend(workarounds)
-            index.pipeline_parts.setdefault(owner, []).append(f"{'/'.join(relative)}:{_digest(remainder)}")
+            index.pipeline_parts.setdefault(owner, []).append(f"{'/'.join(relative)}:{digest(remainder)}")
         return index
 
     def fingerprint(self) -> list[str]:
@@ -73,7 +74,7 @@ class CodeIndex:
     def pipeline(self, backend: str) -> str:
         """The exporter code every cell of ``backend`` runs, workarounds aside."""
         owners = (SHARED, *TRACED_THROUGH[backend])
-        return _digest(*(part for owner in owners for part in self.pipeline_parts.get(owner, [])))
+        return digest(*(part for owner in owners for part in self.pipeline_parts.get(owner, [])))
 
     def relevant(self, backend: str, modules, applied=()) -> dict[str, str]:
         """``{backend:name: digest}`` of the workarounds that could touch a cell of ``backend`` whose model is built
@@ -170,7 +171,7 @@ def _split(source: str, owner: str) -> tuple[list[WorkaroundSource], str]:
         families = ()
         if targets and all(target.startswith(_MODELS) for target in targets):
             families = tuple(sorted({_MODELS + target[len(_MODELS):].split(".")[0] for target in targets}))
-        digest = _digest(text[id(node)], *helpers_of(node, {id(node)}))
-        workarounds.append(WorkaroundSource(backend, node.name, targets, digest, families))
+        own = digest(text[id(node)], *helpers_of(node, {id(node)}))
+        workarounds.append(WorkaroundSource(backend, node.name, targets, own, families))
     remainder = "\n".join(text[id(node)] for node in statements if not registered[id(node)] and id(node) not in owned)
     return workarounds, remainder
