@@ -11,13 +11,20 @@ to-executorch, load and run), to the outermost step of ExecuTorch's lowering und
 partitioning, XNNPACK preprocessing, verifier, memory planning and emit, serialization), and to who does the work,
 by its innermost frame (symbolic-shape reasoning, our workarounds, or the libraries). The cells run in this process,
 one after the other (not under the sweep's workers), so the profile sees them whole; a cell is cut at --timeout.
+
+With --compare, every cell runs twice, before and after the to-edge cost cut (`exporters/executorch/decompositions.py`),
+in alternating order, each profiled on its own: the two profiles, each cell's status and stage both ways, and the
+to-edge and cell-time ratios, all from one run on one machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import json
 import signal
+import statistics
 import sys
 import time
 from collections import defaultdict
@@ -25,9 +32,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import exporters.executorch.exporter as executorch_exporter  # noqa: E402
 from harness.cells import Cell, ClassContext, run_cell  # noqa: E402
 from harness.models import select  # noqa: E402
 from harness.workers import warm_imports  # noqa: E402
+
+THE_CUT = executorch_exporter.redundant_decompositions_skipped
 
 # (stage, test on a frame) from the outside in: the first frame of a stack that matches names its stage
 STAGES = [
@@ -89,6 +99,7 @@ def main():
     parser.add_argument("--timeout", type=int, default=600)
     parser.add_argument("--shard", default="1/1", help="i/n: every n-th class of the sample, from the i-th")
     parser.add_argument("--combine", type=Path, nargs="+", help="sum these outputs instead of profiling")
+    parser.add_argument("--compare", action="store_true", help="each cell before and after the to-edge cost cut")
     parser.add_argument("--out", type=Path, default=Path("bench/profile_executorch.json"))
     args = parser.parse_args()
     if args.combine:
@@ -107,9 +118,15 @@ def main():
     warm_imports(["executorch"])  # as a sweep worker starts: imports and XNNPACK's first lowering are not a cell's
     seconds_by: dict[tuple[str, str, str, str], float] = defaultdict(float)
     cells = []
-    for model_class in select("all", sample=args.sample, seed=args.seed)[index - 1 :: count]:
+    variants = ["before", "after"] if args.compare else [None]
+    for number, model_class in enumerate(select("all", sample=args.sample, seed=args.seed)[index - 1 :: count]):
         context = ClassContext(model_class).prepare()  # config, build, eager: shared by the class' cells, not profiled
-        for shape_mode in args.shapes.split(","):
+        for shape_mode, variant in itertools.product(args.shapes.split(","), variants[:: 1 - 2 * (number % 2)]):
+            # before: the cut replaced by a context that does nothing
+            executorch_exporter.redundant_decompositions_skipped = (
+                (lambda *_: contextlib.nullcontext()) if variant == "before" else THE_CUT
+            )
+            label = f"{shape_mode}, {variant}" if variant else shape_mode
             profiler = Profiler(interval=0.01)
             start = time.perf_counter()
             signal.alarm(args.timeout)
@@ -124,11 +141,11 @@ def main():
                 session = profiler.stop()
                 signal.alarm(0)
             if session.root_frame() is not None:
-                attribute(session.root_frame(), [], seconds_by, shape_mode)
+                attribute(session.root_frame(), [], seconds_by, label)
             seconds = time.perf_counter() - start
             cells.append({"cell": f"{model_class.name}-executorch-{shape_mode}", "status": status, "stage": stage,
-                          "seconds": round(seconds, 2), "stages": stages})  # fmt: skip
-            print(f"{cells[-1]['cell']}: {status} {seconds:.1f} s", flush=True)
+                          "seconds": round(seconds, 2), "stages": stages, "variant": variant})  # fmt: skip
+            print(f"{cells[-1]['cell']} {variant or ''}: {status} {seconds:.1f} s", flush=True)
             write(args, cells, seconds_by, quiet=True)  # after each cell: a cut run keeps what it measured
     write(args, cells, seconds_by)
 
@@ -146,6 +163,29 @@ def write(args, cells, seconds_by, quiet=False):
         print(f"{shape_mode}: {total:.0f} s profiled")
         for row in [row for row in table if row["shape_mode"] == shape_mode][:15]:
             print(f"  {row['share']:7.1%} {row['seconds']:9.1f} s  {row['stage']:<14} {row['step']:<38} {row['kind']}")
+    if not quiet and any(cell.get("variant") for cell in cells):
+        print_comparison(cells)
+
+
+def print_comparison(cells):
+    """Before against after: statuses and stages kept, to-edge and whole-cell seconds, per shape mode."""
+    by_cell = defaultdict(dict)
+    for cell in cells:
+        by_cell[cell["cell"]][cell["variant"]] = cell
+    pairs = [pair for pair in by_cell.values() if len(pair) == 2]
+    changed = [pair["before"]["cell"] for pair in pairs
+               if (pair["before"]["status"], pair["before"]["stage"]) != (pair["after"]["status"], pair["after"]["stage"])]  # fmt: skip
+    print(f"{len(pairs)} cells run both ways: {len(pairs) - len(changed)} kept status and stage, changed: {changed}")
+    for shape_mode in ("static", "dynamic"):
+        mode_pairs = [pair for pair in pairs if pair["before"]["cell"].endswith(shape_mode)]
+        for what, seconds_of in (("to-edge", lambda cell: cell["stages"].get("to-edge", 0.0)),
+                                 ("cell", lambda cell: cell["seconds"])):  # fmt: skip
+            before = sum(seconds_of(pair["before"]) for pair in mode_pairs)
+            after = sum(seconds_of(pair["after"]) for pair in mode_pairs)
+            ratios = [seconds_of(pair["after"]) / seconds_of(pair["before"]) for pair in mode_pairs if seconds_of(pair["before"])]
+            if before:
+                print(f"  {shape_mode} {what}: before {before:.0f} s, after {after:.0f} s ({after / before:.2f}x; "
+                      f"median cell {statistics.median(ratios):.2f}x over {len(ratios)})")
 
 
 if __name__ == "__main__":

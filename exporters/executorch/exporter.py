@@ -12,6 +12,9 @@ Around ``to_edge_transform_and_lower`` and ``to_executorch``, in five stages, on
    program;
 5. FX node fixes (``node_fixes.py``): ``@register_fx_node_fix("executorch")``, one node at a time.
 
+To-edge then runs without the decompositions that would change nothing (``decompositions.py``: a cost cut, not a
+workaround; results are the same).
+
 ExecuTorch is imported on first use: it costs seconds, and the other backends do not need it. The artifact,
 ``ExecutorchExported``, is in ``runtime.py``.
 """
@@ -35,6 +38,7 @@ from ..registration import (
 )
 from ..rewrites import without_autograd_for_scans
 from ..stages import StageLog
+from .decompositions import redundant_decompositions_skipped
 from .runtime import ExecutorchExported
 
 
@@ -73,7 +77,7 @@ class ExecutorchExporter:
                     apply_fx_node_fixes("executorch", traced.program.graph_module, log.applied)
                 from executorch.exir import to_edge_transform_and_lower
 
-                with log.stage("to-edge"):
+                with log.stage("to-edge"), redundant_decompositions_skipped(traced.program, partitioners):
                     edge = to_edge_transform_and_lower(traced.program, partitioner=partitioners)
                 lowered = edge.exported_program()
                 with log.stage("to-executorch"):
