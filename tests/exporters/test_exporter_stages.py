@@ -1,7 +1,9 @@
 """The exporters' own stages, which no workaround can switch off: the names a program takes and returns, the inputs it
 bakes in as constants (sizes in a static export, a cache's numbers), the state cleanup around the trace,
-ExecuTorch's initial buffer values.
+ExecuTorch's initial buffer values, the decompositions ExecuTorch's to-edge is spared.
 """
+
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -97,3 +99,32 @@ def test_executorch_starts_a_buffer_the_program_updates_from_its_value():
     model, inputs = RecastTable().eval(), {"positions": torch.tensor([[0, 5, 2]])}
     exported = export_module(model, inputs, "executorch")
     assert_runs_like_eager(exported, model, inputs)  # ExecuTorch's default leaves it unset: zeros here
+
+
+@pytest.mark.parametrize("dynamic, retraces_skipped", [(False, 2), (True, 1)])
+def test_executorch_lowers_the_same_program_with_fewer_decompositions(tiny, monkeypatch, dynamic, retraces_skipped):
+    """to-edge skips the re-traces that change nothing (static: the empty-table pass and the last one; dynamic, where
+    XNNPACK refuses some kept ops, the empty-table pass) and serializes the same program byte for byte."""
+    from torch.export import ExportedProgram
+
+    from exporters.executorch.backends import warm_up_xnnpack
+
+    model = tiny("BertModel")
+    warm_up_xnnpack()  # its first use lowers reference graphs: decompositions that are not the export's
+    retraces = []
+    run_decompositions = ExportedProgram.run_decompositions
+
+    def counted(self, *args, **kwargs):
+        retraces.append(1)
+        return run_decompositions(self, *args, **kwargs)
+
+    monkeypatch.setattr(ExportedProgram, "run_decompositions", counted)
+    with_cut = export_tiny(model, "executorch", dynamic)
+    with_cut_retraces = len(retraces)
+    monkeypatch.setattr("exporters.executorch.exporter.redundant_decompositions_skipped", lambda *_: nullcontext())
+    retraces.clear()
+    without_cut = export_tiny(model, "executorch", dynamic)
+    assert len(retraces) - with_cut_retraces == retraces_skipped
+    assert with_cut.program == without_cut.program
+    assert_parity(with_cut(**model.inputs["B" if dynamic else "A"]), model.expected["B" if dynamic else "A"],
+                  TOLERANCE["executorch"])  # fmt: skip
