@@ -24,6 +24,7 @@ def pytest_addoption(parser):
     group.addoption("--sweep", help="run the export sweep as tests: smoke, all, or class names and globs")
     group.addoption("--backends", default="dynamo,onnx,executorch", help="sweep backends (comma-separated)")
     group.addoption("--shapes", default="static,dynamic", help="sweep shape modes: static,dynamic,generate")
+    group.addoption("--dtypes", default="float32", help="sweep dtypes: float32,bfloat16,float16")
     group.addoption("--shard", help="sweep shard i/N, balanced by --shard-weights or as --sweep-plan says")
     group.addoption("--shard-weights", help="run folder whose class times balance the shards")
     group.addoption("--sweep-plan", help="plan file (export-sweep plan): which classes each shard runs")
@@ -98,7 +99,7 @@ def pytest_configure(config):
         return
     options = {
         "sweep": config.getoption("--sweep"), "backends": config.getoption("--backends").split(","),
-        "shapes": config.getoption("--shapes").split(","), "shard": config.getoption("--shard"),
+        "shapes": config.getoption("--shapes").split(","), "dtypes": config.getoption("--dtypes").split(","), "shard": config.getoption("--shard"),
         "registry": config.getoption("--registry"), "stale": config.getoption("--stale"), "driver": "pytest",
         "disabled_workarounds": _disabled(config),
     }  # fmt: skip
@@ -113,26 +114,28 @@ def _disabled(config) -> list[str]:
 def _plan(config):
     """The plan of this session's cells, from the sweep options (or the --sweep-plan file)."""
     from harness.plan import select_plan
-    from harness.records import SHAPE_MODES
+    from harness.records import DTYPES, SHAPE_MODES
 
     from exporters.backends import BACKENDS
 
     backends = [b for b in config.getoption("--backends").split(",") if b]
     shapes = [s for s in config.getoption("--shapes").split(",") if s]
-    for value, known in [(backends, BACKENDS), (shapes, SHAPE_MODES)]:
+    dtypes = [d for d in config.getoption("--dtypes").split(",") if d]
+    for value, known in [(backends, BACKENDS), (shapes, SHAPE_MODES), (dtypes, DTYPES)]:
         unknown = [v for v in value if v not in known]
         if unknown:
             raise ValueError(f"unknown {unknown[0]!r}: choose from {', '.join(known)}")
     plan_file = config.getoption("--sweep-plan")
 
     weights = config.getoption("--shard-weights")
-    defaults = ("dynamo,onnx,executorch", "static,dynamic")
-    given = (config.getoption("--backends"), config.getoption("--shapes")) != defaults or not plan_file
+    defaults = ("dynamo,onnx,executorch", "static,dynamic", "float32")
+    given = (config.getoption("--backends"), config.getoption("--shapes"), config.getoption("--dtypes")) != defaults
+    given = given or not plan_file
     return select_plan(
         config.getoption("--sweep") if not plan_file else "all", sample=config.getoption("--sweep-sample"),
         seed=config.getoption("--sweep-seed"), shard=config.getoption("--shard"),
         shard_weights=Path(weights) if weights else None, plan_file=Path(plan_file) if plan_file else None,
-        backends=backends if given else None, shapes=shapes if given else None,
+        backends=backends if given else None, shapes=shapes if given else None, dtypes=dtypes if given else None,
     )
 
 
@@ -152,7 +155,7 @@ def pytest_xdist_make_scheduler(config, log):
             if len(parts) < 3:
                 return nodeid
             # test_cell[BertModel-onnx-static], test_stale_entry[EXPORT_SKIPS-BertModel-onnx.static]
-            return parts[1] if "::test_stale" in nodeid else inside.rsplit("-", 2)[0]
+            return parts[1] if "::test_stale" in nodeid else parts[0]
 
     return ByModelClass(config, log)
 

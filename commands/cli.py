@@ -16,7 +16,7 @@ from pathlib import Path
 
 from exporters.backends import BACKENDS
 from harness.compare import CHANGE_KINDS
-from harness.records import SHAPE_MODES
+from harness.records import DTYPES, SHAPE_MODES
 
 from . import known_issues, sweep
 from .inputs import one_line
@@ -104,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_selection_options(run)
     run.add_argument("--backends", type=_csv(BACKENDS), help="comma-separated; default all (or the --plan's)")
     run.add_argument("--shapes", type=_csv(SHAPE_MODES), help="static,dynamic (default, or the --plan's), generate")
+    run.add_argument("--dtypes", type=_csv(DTYPES), help="float32 (default, or the --plan's), bfloat16, float16")
     run.add_argument("--out", type=Path, help="run folder (default runs/<date-time>)")
     run.add_argument("--jobs", type=_whole(1), default=os.cpu_count() or 1, help="classes in parallel (default: CPU count)")
     run.add_argument("--timeout", type=_positive, default=600.0, help="seconds per cell before it is killed (default 600)")
@@ -126,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_selection_options(plan)
     plan.add_argument("--backends", type=_csv(BACKENDS), help="comma-separated; default all")
     plan.add_argument("--shapes", type=_csv(SHAPE_MODES), help="static,dynamic (default), generate")
+    plan.add_argument("--dtypes", type=_csv(DTYPES), help="float32 (default), bfloat16, float16")
     plan.add_argument("--shards", type=_whole(1), required=True, help="how many shards")
     plan.add_argument("-o", "--out", type=Path, required=True, help="the plan file to write")
 

@@ -15,9 +15,9 @@ from harness.console import quiet
 from harness.ledger import WORKAROUNDS_FILE, write_listing
 from harness.merge import merge_runs
 from harness.models import all_model_classes, near_matches
-from harness.plan import make_plan, plan_of_run, planned_classes, select_plan
+from harness.plan import cell_plan, make_plan, plan_of_run, planned_classes, select_plan
 from harness.store import RunStore, now, require_run
-from harness.sweep import Plan, Progress, run_sweep
+from harness.sweep import Progress, run_sweep
 from harness.workers import WorkerOptions, warm_imports
 from registry import Registry
 from reports import write_report
@@ -28,7 +28,8 @@ from .inputs import existing_run, one_line, writable_folder
 def plan_of(args):
     """The plan and shard index the selection options name."""
     return select_plan(args.models, args.model_types, args.tasks, args.limit, args.sample, args.seed, args.shard,
-                       args.shard_weights, args.plan, getattr(args, "backends", None), getattr(args, "shapes", None))
+                       args.shard_weights, args.plan, getattr(args, "backends", None), getattr(args, "shapes", None),
+                       getattr(args, "dtypes", None))
 
 
 def cmd_plan(args) -> int:
@@ -38,7 +39,7 @@ def cmd_plan(args) -> int:
     # the plan selected above has one shard; this one has --shards, from the same classes and weights
     plan = make_plan(planned_classes(plan), plan.backends, plan.shapes, plan.selection, shards=args.shards,
                      weights={name: entry["seconds"] for name, entry in plan.classes.items() if "seconds" in entry},
-                     weights_from=plan.weights_from)  # fmt: skip
+                     weights_from=plan.weights_from, dtypes=plan.dtypes)  # fmt: skip
     plan.save(args.out)
     sizes = [len(plan.cells(index)) for index in range(1, plan.shards + 1)]
     print(f"{args.out}: {len(plan.classes)} classes, {len(plan.cells())} cells in {plan.shards} shards "
@@ -79,7 +80,7 @@ def execute_run(args, plan, index, classes) -> int:
     options = {
         "models": args.models, "model_types": args.model_types, "tasks": args.tasks, "limit": args.limit,
         "sample": args.sample, "seed": args.seed, "shard": args.shard, "backends": list(plan.backends),
-        "shapes": list(plan.shapes), "jobs": args.jobs, "timeout": args.timeout, "memory_cap_mb": args.memory_cap,
+        "shapes": list(plan.shapes), "dtypes": list(plan.dtypes), "jobs": args.jobs, "timeout": args.timeout, "memory_cap_mb": args.memory_cap,
         "registry": str(registry.path), "disabled_workarounds": args.disable_workarounds, "argv": sys.argv[1:],
     }  # fmt: skip
     store.create(options, resume=args.resume, plan=plan, shard=index)
@@ -89,13 +90,13 @@ def execute_run(args, plan, index, classes) -> int:
     # cached cells first, from files alone: with nothing left to run, no worker starts and torch is never imported
     reused = Counter()
     for model in classes:
-        for cell in Plan([model], tuple(plan.backends), tuple(plan.shapes), done=done).cells(model):
+        for cell in cell_plan(plan, [model], done=done).cells(model):
             record = cache.lookup(cell) if cache is not None else None
             if record is not None:
                 store.write(record)
                 done.add(cell.id)
                 reused[record.status] += 1
-    sweep = Plan(classes, tuple(plan.backends), tuple(plan.shapes), done=done)
+    sweep = cell_plan(plan, classes, done=done)
     base_records = {record.cell_id: record for record in baseline.records()} if baseline is not None else None
     estimates = {cell: record.seconds for cell, record in (base_records or {}).items()} or plan.estimated_seconds()
     pending = [cell.id for model in classes for cell in sweep.cells(model)]
@@ -135,7 +136,7 @@ def dry_run(plan, classes, cache) -> int:
     examples: dict[str, str] = {}
     total = 0
     for model in classes:
-        for cell in Plan([model], tuple(plan.backends), tuple(plan.shapes)).cells(model):
+        for cell in cell_plan(plan, [model]).cells(model):
             total += 1
             why = "--no-cache" if cache is None else cache.explain(cell)[1]
             if why is not None:

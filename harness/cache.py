@@ -221,7 +221,7 @@ class ResultCache:
             model = classes.get(record.model_class)
             fresh = not record.reused and (record.finished_at or "") >= since
             if model is not None and fresh and record.status not in NOT_CACHED:
-                self.store(Cell(model, record.backend, record.shape_mode), record)
+                self.store(Cell(model, record.backend, record.shape_mode, record.dtype), record)
                 saved += 1
         return saved
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .models import ModelClass
-from .records import DEFAULT_TOLERANCE, CellRecord, StageRecord
+from .records import DEFAULT_TOLERANCE, DTYPES, CellRecord, StageRecord, cell_id
 from .store import now
-from .tables import TOLERANCE_OVERRIDES
+from .tables import DTYPE_TOLERANCE, TOLERANCE_OVERRIDES
 
 # Export with input set A; a dynamic export must also run input set B (another batch and length).
 RUN_INPUT_SET = {"static": "A", "dynamic": "B"}
@@ -31,10 +31,11 @@ class Cell:
     model: ModelClass
     backend: str
     shape_mode: str
+    dtype: str = DTYPES[0]
 
     @property
     def id(self) -> str:
-        return f"{self.model.name}-{self.backend}-{self.shape_mode}"
+        return cell_id(self.model.name, self.backend, self.shape_mode, self.dtype)
 
 
 class StageFailure(Exception):
@@ -97,6 +98,8 @@ class ClassContext:
         self.input_set: str | None = None
         self.modules: list[str] = []  # what a workaround for one model family can touch: the cache's scope
         self.prepared = False
+        self.dtype = DTYPES[0]
+        self._in_dtypes: dict[str, ClassContext] = {}
 
     @property
     def ok(self) -> bool:
@@ -116,6 +119,45 @@ class ClassContext:
                 break
         self.prepared = True
         return self
+
+    def in_dtype(self, dtype: str) -> ClassContext:
+        """This class in another dtype, built once: the model and the floating inputs cast, eager's outputs computed
+        again in that dtype. The float32 checks of ``eager`` (signal, determinism, modalities) hold for it."""
+        if dtype == self.dtype or not self.ok:
+            return self
+        if dtype not in self._in_dtypes:
+            self._in_dtypes[dtype] = self._cast(dtype)
+        return self._in_dtypes[dtype]
+
+    def _cast(self, dtype: str) -> ClassContext:
+        import copy
+
+        import torch
+
+        cast = ClassContext(self.model_class, self.seed)
+        cast.config, cast.input_set, cast.modules, cast.dtype = self.config, self.input_set, self.modules, dtype
+        cast.stages = [StageRecord(**vars(stage)) for stage in self.stages if stage.name != "eager"]
+        cast.prepared = True
+        torch_dtype = getattr(torch, dtype)
+
+        def eager_in_dtype():
+            cast.model = copy.deepcopy(self.model).to(torch_dtype)
+            for label, inputs in self.inputs.items():
+                cast.inputs[label] = torch.utils._pytree.tree_map_only(
+                    torch.Tensor, lambda value: value.to(torch_dtype) if value.is_floating_point() else value, inputs
+                )
+                try:
+                    cast.expected[label] = cast._forward(cast.inputs[label])
+                except Exception as error:  # PyTorch's own CPU kernels: nothing to export against
+                    raise StageFailure(
+                        "unavailable", f"eager PyTorch cannot run this model in {dtype} on the CPU: "
+                        f"{type(error).__name__}: {str(error).strip()[:500]}", "EagerDtypeUnsupported",
+                    ) from error  # fmt: skip
+
+        record, _result, trace = run_stage("eager", eager_in_dtype)
+        cast.stages.append(record)
+        cast.traceback = trace
+        return cast
 
     def _config(self):
         from .tiny import tiny_config
@@ -261,12 +303,18 @@ def _same(a, b, tolerance: float = 0.0) -> bool:
     return bool(torch.equal(a, b))
 
 
-def tolerance_for(model_class: str, backend: str) -> tuple[float, float, str | None]:
+def tolerance_for(model_class: str, backend: str, dtype: str = DTYPES[0]) -> tuple[float, float, str | None]:
     default = DEFAULT_TOLERANCE[backend]
     override = TOLERANCE_OVERRIDES.get(model_class)
     if override and backend in override.get("backends", [backend]):
-        return override.get("atol", default), override.get("rtol", default), override["reason"]
-    return default, default, None
+        atol, rtol, reason = override.get("atol", default), override.get("rtol", default), override["reason"]
+    else:
+        atol, rtol, reason = default, default, None
+    if dtype in DTYPE_TOLERANCE:  # the wider of the two, with the reason that set it
+        half, why = DTYPE_TOLERANCE[dtype]
+        if half > max(atol, rtol):
+            return max(atol, half), max(rtol, half), why
+    return atol, rtol, reason
 
 
 def joined_parts(actual: dict, expected: dict) -> tuple[dict, dict[str, int]]:
@@ -335,8 +383,9 @@ def new_record(cell: Cell, context: ClassContext | None = None) -> CellRecord:
     model = cell.model
     record = CellRecord(
         model_class=model.name, model_type=model.model_type, task=model.task, tasks=list(model.tasks),
-        backend=cell.backend, shape_mode=cell.shape_mode, started_at=now(),
-        repro=f"export-sweep run --models {model.name} --backends {cell.backend} --shapes {cell.shape_mode} --no-cache",
+        backend=cell.backend, shape_mode=cell.shape_mode, dtype=cell.dtype, started_at=now(),
+        repro=f"export-sweep run --models {model.name} --backends {cell.backend} --shapes {cell.shape_mode} "
+              + ("" if cell.dtype == DTYPES[0] else f"--dtypes {cell.dtype} ") + "--no-cache",
     )  # fmt: skip
     if context is not None:
         record.stages = [StageRecord(**vars(stage)) for stage in context.stages]
@@ -358,7 +407,7 @@ def run_cell(
     from exporters.stages import watching_stages
 
     on_stage = on_stage or (lambda name, ended=(): None)
-    context.prepare(on_stage)
+    context = context.prepare(on_stage).in_dtype(cell.dtype)
     record = new_record(cell, context)
     if not context.ok:
         return _done(record)
@@ -417,7 +466,7 @@ def run_cell(
         if fixed:
             return _done(record)
     steps = [
-        ("load", exported.load_runtime),
+        ("load", lambda: _runtime_takes_dtype(exported.load_runtime, cell)),
         ("run", lambda: exported(**context.inputs[label])),
     ]
     outputs = None
@@ -431,7 +480,7 @@ def run_cell(
         outputs = result
 
     on_stage("parity", record.stages[len(context.stages) :])
-    atol, rtol, reason = tolerance_for(cell.model.name, cell.backend)
+    atol, rtol, reason = tolerance_for(cell.model.name, cell.backend, cell.dtype)
     record.atol, record.rtol, record.tolerance_reason = atol, rtol, reason
     start = time.perf_counter()
     ok, details, max_abs, max_rel = compare(outputs, context.expected[label], atol, rtol)
@@ -447,6 +496,28 @@ def run_cell(
         stage.message = f"outputs differ from eager beyond atol={atol:g} rtol={rtol:g}: {', '.join(worst[:5])}"
     record.stages.append(stage)
     return _done(record)
+
+
+# backend -> what its runtime says when it has no kernel for a dtype, the operator named in group 1
+_NO_KERNEL_FOR_DTYPE = {
+    "onnx": re.compile(r"NOT_IMPLEMENTED : Could not find an implementation for (\w+)\(\d+\)"),
+}
+
+
+def _runtime_takes_dtype(load: Callable[[], Any], cell: Cell) -> Any:
+    """``load()``; in a half-precision cell, a runtime without kernels for the dtype is ``unavailable``: what
+    ONNX Runtime's CPU provider does not implement is no failure of the export."""
+    try:
+        return load()
+    except Exception as error:
+        pattern = _NO_KERNEL_FOR_DTYPE.get(cell.backend)
+        match = pattern.search(str(error)) if pattern and cell.dtype != DTYPES[0] else None
+        if match is None:
+            raise
+        raise StageFailure(
+            "unavailable", f"the {cell.backend} runtime has no {cell.dtype} kernel for {match.group(1)} on this CPU: "
+            f"{str(error).strip()[:300]}", "RuntimeDtypeUnsupported",
+        ) from error  # fmt: skip
 
 
 GENERATED_TOKENS = 8
@@ -474,7 +545,7 @@ def _run_generate(cell: Cell, context: ClassContext, record: CellRecord, on_stag
             record.traceback = trace
             return _done(record)
     on_stage("parity")
-    atol, rtol, reason = tolerance_for(cell.model.name, cell.backend)
+    atol, rtol, reason = tolerance_for(cell.model.name, cell.backend, cell.dtype)
     record.atol, record.rtol, record.tolerance_reason = atol, rtol, reason
     comparison = compare_generation(results["eager"], results["generated"], atol, rtol)
     record.max_abs_diff = comparison.max_abs_diff

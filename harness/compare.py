@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .models import in_selection
 from .plan import SweepPlan, plan_of_run
-from .records import CellRecord
+from .records import CellRecord, parse_cell_id
 from .store import RUN_FILE, RunStore, read_json
 
 CHANGE_KINDS = ("regression", "new-failure", "missing", "stage-moved", "drift", "fixed", "new-pass", "vanished",
@@ -95,7 +95,8 @@ def diff(records: dict[str, CellRecord], baseline: dict[str, CellRecord] | None,
         for cell, before in base.items():
             if cell in records or cell in expected:
                 continue
-            if before.backend in plan.backends and before.shape_mode in plan.shapes and in_selection(
+            planned = before.backend in plan.backends and before.shape_mode in plan.shapes and before.dtype in plan.dtypes
+            if planned and in_selection(
                 before.model_class, before.model_type, before.tasks, plan.selection
             ):
                 changes.append(_change(cell, None, before, True, order, vanished=True))
@@ -109,7 +110,7 @@ def _change(cell: str, now: CellRecord | None, before: CellRecord | None, has_ba
     if source is not None:
         model, backend, shape = source.model_class, source.backend, source.shape_mode
     else:
-        model, backend, shape = cell.rsplit("-", 2)
+        model, backend, shape, _dtype = parse_cell_id(cell)
     change = Change(cell, model, backend, shape, "unchanged")
     if source is not None:
         change.model_type, change.task = source.model_type, source.task

@@ -19,9 +19,9 @@ from exporters.backends import BACKENDS
 
 from .cache import class_weights
 from .models import ModelClass, all_model_classes, parse_shard, select, shard
-from .records import SHAPE_MODES
+from .records import DTYPES, SHAPE_MODES, parse_cell_id
 from .store import PLAN_FILE, now, read_json, require_run, write_json_atomic
-from .sweep import cells_of
+from .sweep import Plan, cells_of
 
 DEFAULT_SHAPES = ("static", "dynamic")
 
@@ -41,6 +41,7 @@ class SweepPlan:
     classes: dict[str, dict] = field(default_factory=dict)  # name -> {"shard": i, "cells": [...], "seconds": s}
     created_at: str = ""
     weights_from: str | None = None  # the run whose class times balanced the shards
+    dtypes: list[str] = field(default_factory=lambda: list(DTYPES[:1]))
 
     @property
     def complete(self) -> bool:
@@ -51,7 +52,9 @@ class SweepPlan:
     @property
     def digest(self) -> str:
         """Names the plan: shards of one sweep carry the same digest."""
-        body = json.dumps([self.selection, self.backends, self.shapes, self.shards, self.classes], sort_keys=True)
+        parts = [self.selection, self.backends, self.shapes, self.shards, self.classes]
+        parts += [self.dtypes] if self.dtypes != list(DTYPES[:1]) else []  # float32 alone: the digest plans had before
+        body = json.dumps(parts, sort_keys=True)
         return hashlib.sha256(body.encode()).hexdigest()[:16]
 
     def class_names(self, shard_index: int | None = None) -> list[str]:
@@ -61,7 +64,7 @@ class SweepPlan:
         return [cell for name in self.class_names(shard_index) for cell in self.classes[name]["cells"]]
 
     def shard_of(self, cell: str) -> int | None:
-        model = cell.rsplit("-", 2)[0]
+        model = parse_cell_id(cell)[0]
         entry = self.classes.get(model)
         return entry["shard"] if entry and cell in entry["cells"] else None
 
@@ -78,7 +81,7 @@ class SweepPlan:
     def to_dict(self) -> dict:
         return {"schema": PLAN_SCHEMA, "created_at": self.created_at, "digest": self.digest,
                 "selection": self.selection, "complete": self.complete, "backends": self.backends,
-                "shapes": self.shapes, "shards": self.shards, "weights_from": self.weights_from,
+                "shapes": self.shapes, "dtypes": self.dtypes, "shards": self.shards, "weights_from": self.weights_from,
                 "classes": self.classes}  # fmt: skip
 
     def save(self, path: Path) -> Path:
@@ -95,7 +98,7 @@ class SweepPlan:
         data = read_json(path)
         _check(path, data)
         plan = cls(data["selection"], data["backends"], data["shapes"], data["shards"], data["classes"],
-                   data.get("created_at", ""), data.get("weights_from"))  # fmt: skip
+                   data.get("created_at", ""), data.get("weights_from"), data.get("dtypes", list(DTYPES[:1])))  # fmt: skip
         if data.get("digest") not in (None, plan.digest):
             raise PlanError(f"{path}: digest {data['digest']} does not match its content ({plan.digest}): edited by hand?")
         return plan
@@ -111,8 +114,8 @@ def _check(path: Path, data: dict) -> None:
         fail("schema", str(PLAN_SCHEMA))
     if not isinstance(data.get("selection"), dict):
         fail("selection", "an object")
-    for name, known in (("backends", BACKENDS), ("shapes", SHAPE_MODES)):
-        values = data.get(name)
+    for name, known in (("backends", BACKENDS), ("shapes", SHAPE_MODES), ("dtypes", DTYPES)):
+        values = data.get(name, list(DTYPES[:1])) if name == "dtypes" else data.get(name)
         if not isinstance(values, list) or not values or any(value not in known for value in values):
             fail(name, f"a list of {', '.join(known)}")
     shards = data.get("shards")
@@ -133,25 +136,32 @@ def _check(path: Path, data: dict) -> None:
 
 
 def make_plan(models: list[ModelClass], backends, shapes, selection: dict, shards: int = 1,
-              weights: dict[str, float] | None = None, weights_from: str | None = None) -> SweepPlan:  # fmt: skip
+              weights: dict[str, float] | None = None, weights_from: str | None = None,
+              dtypes=DTYPES[:1]) -> SweepPlan:  # fmt: skip
     """Assign every class to a shard (heaviest first onto the lightest shard when ``weights`` are known)."""
     if shards < 1:
         raise PlanError(f"a plan needs at least one shard, not {shards}")
     assignment = {m.name: index for index in range(1, shards + 1) for m in shard(models, index, shards, weights)}
     classes = {}
     for model in models:
-        entry = {"shard": assignment[model.name], "cells": [cell.id for cell in cells_of(model, backends, shapes)]}
+        entry = {"shard": assignment[model.name], "cells": [cell.id for cell in cells_of(model, backends, shapes, dtypes)]}
         if weights and model.name in weights:
             entry["seconds"] = round(weights[model.name], 2)
         classes[model.name] = entry
-    return SweepPlan(dict(selection), list(backends), list(shapes), shards, classes, now(), weights_from)
+    return SweepPlan(dict(selection), list(backends), list(shapes), shards, classes, now(), weights_from, list(dtypes))
+
+
+def cell_plan(plan: SweepPlan, classes: list[ModelClass], **options) -> Plan:
+    """What a sweep of ``classes`` runs under ``plan``: its backends, shapes and dtypes (``options``: done, only)."""
+    return Plan(classes, tuple(plan.backends), tuple(plan.shapes), tuple(plan.dtypes), **options)
 
 
 def select_plan(models: str = "smoke", model_types=None, tasks=None, limit=None, sample=None, seed: int = 0,
                 shard: str | None = None, shard_weights: Path | None = None, plan_file: Path | None = None,
-                backends=None, shapes=None) -> tuple[SweepPlan, int | None]:  # fmt: skip
-    """``(plan, shard index or None)``: read from ``plan_file``, or made from the selection (``backends`` and
-    ``shapes`` None: the plan's, or every backend and static + dynamic). Errors name the option to change."""
+                backends=None, shapes=None, dtypes=None) -> tuple[SweepPlan, int | None]:  # fmt: skip
+    """``(plan, shard index or None)``: read from ``plan_file``, or made from the selection (``backends``,
+    ``shapes``, ``dtypes`` None: the plan's, or every backend, static + dynamic, float32). Errors name the option to
+    change."""
     index = count = None
     if shard:
         index, count = parse_shard(shard)
@@ -166,10 +176,13 @@ def select_plan(models: str = "smoke", model_types=None, tasks=None, limit=None,
             raise ValueError(f"--shard {shard}: the plan {plan_file} has {plan.shards} shards")
         if plan.shards > 1 and index is None:
             raise ValueError(f"the plan {plan_file} has {plan.shards} shards: say which with --shard i/{plan.shards}")
-        if (backends and set(backends) != set(plan.backends)) or (shapes and set(shapes) != set(plan.shapes)):
+        differs = [(option, given, planned) for option, given, planned in
+                   (("--backends", backends, plan.backends), ("--shapes", shapes, plan.shapes),
+                    ("--dtypes", dtypes, plan.dtypes)) if given and set(given) != set(planned)]  # fmt: skip
+        if differs:
             raise ValueError(
-                f"the plan {plan_file} is for backends {','.join(plan.backends)} and shapes {','.join(plan.shapes)}: "
-                "drop --backends/--shapes, or make another plan"
+                f"the plan {plan_file} is for backends {','.join(plan.backends)}, shapes {','.join(plan.shapes)} and "
+                f"dtypes {','.join(plan.dtypes)}: drop {'/'.join(option for option, *_ in differs)}, or make another plan"
             )
         known = all_model_classes()
         gone = [name for name in plan.class_names(index) if name not in known]
@@ -187,7 +200,7 @@ def select_plan(models: str = "smoke", model_types=None, tasks=None, limit=None,
         require_run(shard_weights, "--shard-weights")
         weights, weights_from = class_weights(shard_weights), str(shard_weights)
     plan = make_plan(classes, backends or BACKENDS, shapes or DEFAULT_SHAPES, selection, shards=count or 1,
-                     weights=weights, weights_from=weights_from)  # fmt: skip
+                     weights=weights, weights_from=weights_from, dtypes=dtypes or DTYPES[:1])  # fmt: skip
     return plan, index
 
 

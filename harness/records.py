@@ -1,6 +1,6 @@
 """The cell record: the one contract between the harness and everything that reads a run (reports, outside tools).
 
-A cell is one (model class, backend, shape mode). Its record lists every stage it ran, in order, and names the
+A cell is one (model class, backend, shape mode, dtype). Its record lists every stage it ran, in order, and names the
 furthest stage as its headline. Keep the flat fields stable: ``harness.load_run`` turns them into DataFrame columns.
 """
 
@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field, fields
 from exporters.backends import BACKENDS
 
 SHAPE_MODES = ("static", "dynamic", "generate")
+# the first is the default: its cells keep three-part ids, `<class>-<backend>-<shape>`; others add `-<dtype>`
+DTYPES = ("float32", "bfloat16", "float16")
 STATUSES = ("pass", "fail", "skip", "timeout", "crash", "oom", "unavailable")
 # Stages every cell shares before its backend's own, and after them.
 SHARED_STAGES = ("config", "build", "eager")
@@ -20,8 +22,19 @@ DEFAULT_TOLERANCE = {"dynamo": 1e-4, "onnx": 1e-3, "executorch": 1e-3}
 SCHEMA_VERSION = 1
 
 
-def cell_id(model_class: str, backend: str, shape_mode: str) -> str:
-    return f"{model_class}-{backend}-{shape_mode}"
+def cell_id(model_class: str, backend: str, shape_mode: str, dtype: str = DTYPES[0]) -> str:
+    return f"{model_class}-{backend}-{shape_mode}" + ("" if dtype == DTYPES[0] else f"-{dtype}")
+
+
+def parse_cell_id(text: str) -> tuple[str, str, str, str]:
+    """``(model class, backend, shape mode, dtype)`` of a cell id (class names hold no dash)."""
+    model, backend, shape, *dtype = text.split("-")
+    return model, backend, shape, dtype[0] if dtype else DTYPES[0]
+
+
+def column_of(shape_mode: str, dtype: str = DTYPES[0]) -> str:
+    """A dashboard column's mode: the shape mode, and the dtype unless it is the default (``static-bfloat16``)."""
+    return shape_mode if dtype == DTYPES[0] else f"{shape_mode}-{dtype}"
 
 
 @dataclass
@@ -41,6 +54,7 @@ class CellRecord:
     task: str
     backend: str
     shape_mode: str
+    dtype: str = DTYPES[0]
     status: str = "pass"
     stage: str = ""  # the stage that failed, or the last one reached
     seconds: float = 0.0
@@ -72,7 +86,11 @@ class CellRecord:
 
     @property
     def cell_id(self) -> str:
-        return cell_id(self.model_class, self.backend, self.shape_mode)
+        return cell_id(self.model_class, self.backend, self.shape_mode, self.dtype)
+
+    @property
+    def mode(self) -> str:
+        return column_of(self.shape_mode, self.dtype)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -126,7 +144,7 @@ _TEXT, _NUMBER, _FLAG = (str,), (int, float), (bool,)
 _OPTIONAL_TEXT, _OPTIONAL_NUMBER = (str, type(None)), (int, float, type(None))
 _RECORD_TYPES = {
     "model_class": _TEXT, "model_type": _TEXT, "task": _TEXT, "backend": _TEXT, "shape_mode": _TEXT,
-    "status": _TEXT, "stage": _TEXT, "seconds": _NUMBER, "stages": (list,), "tasks": (list,),
+    "dtype": _TEXT, "status": _TEXT, "stage": _TEXT, "seconds": _NUMBER, "stages": (list,), "tasks": (list,),
     "error_type": _OPTIONAL_TEXT, "message": _OPTIONAL_TEXT, "error_signature": _OPTIONAL_TEXT,
     "traceback": _OPTIONAL_TEXT, "max_abs_diff": _OPTIONAL_NUMBER, "max_rel_diff": _OPTIONAL_NUMBER,
     "atol": _OPTIONAL_NUMBER, "rtol": _OPTIONAL_NUMBER, "tolerance_reason": _OPTIONAL_TEXT, "parity": (dict,),
@@ -136,7 +154,7 @@ _RECORD_TYPES = {
 }  # fmt: skip
 _STAGE_TYPES = {"name": _TEXT, "status": _TEXT, "seconds": _NUMBER, "error_type": _OPTIONAL_TEXT,
                 "message": _OPTIONAL_TEXT, "details": (dict,)}  # fmt: skip
-_VOCABULARIES = {"status": STATUSES, "backend": BACKENDS, "shape_mode": SHAPE_MODES}
+_VOCABULARIES = {"status": STATUSES, "backend": BACKENDS, "shape_mode": SHAPE_MODES, "dtype": DTYPES}
 _TEXT_LISTS = ("tasks", "input_names", "applied", "modules")
 
 

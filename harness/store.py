@@ -25,7 +25,7 @@ _RUN_TYPES = {"started_at": (str, type(None)), "finished_at": (str, type(None)),
               "versions": (dict,), "sessions": (list,), "machine": (dict,), "counts": (dict,),
               "git_sha": (str, type(None)), "plan": (dict, type(None)), "shards": (list,)}  # fmt: skip
 COLUMNS = [
-    "cell_id", "model_class", "model_type", "task", "backend", "shape_mode", "status", "stage", "seconds",
+    "cell_id", "model_class", "model_type", "task", "backend", "shape_mode", "dtype", "status", "stage", "seconds",
     "max_abs_diff", "max_rel_diff", "atol", "rtol", "error_type", "error_signature", "message", "input_set",
     "reused", "worker", "peak_rss_mb",
 ]  # fmt: skip

@@ -15,17 +15,18 @@ from multiprocessing.connection import wait
 
 from .cells import Cell
 from .models import ModelClass
-from .records import STATUSES, CellRecord
+from .records import DTYPES, STATUSES, CellRecord, parse_cell_id
 from .store import RunStore
 from .workers import ClassWorker, WorkerOptions
 
 
-def cells_of(model: ModelClass, backends, shapes) -> list[Cell]:
-    """A class' cells: every backend and shape mode, generate mode only for classes that generate text."""
+def cells_of(model: ModelClass, backends, shapes, dtypes=DTYPES[:1]) -> list[Cell]:
+    """A class' cells: every backend, shape mode and dtype, generate mode only for classes that generate text."""
     return [
-        Cell(model, backend, shape)
+        Cell(model, backend, shape, dtype)
         for backend in backends
         for shape in shapes
+        for dtype in dtypes
         if shape != "generate" or model.generative
     ]
 
@@ -37,11 +38,12 @@ class Plan:
     classes: list[ModelClass]
     backends: tuple[str, ...]
     shapes: tuple[str, ...]
+    dtypes: tuple[str, ...] = DTYPES[:1]
     done: set[str] = field(default_factory=set)  # cell ids already in the run folder (resume)
     only: set[str] | None = None  # just these cell ids (the stale check re-runs the cells an entry governs)
 
     def cells(self, model: ModelClass) -> list[Cell]:
-        cells = cells_of(model, self.backends, self.shapes)
+        cells = cells_of(model, self.backends, self.shapes, self.dtypes)
         return [c for c in cells if c.id not in self.done and (self.only is None or c.id in self.only)]
 
     @property
@@ -187,14 +189,11 @@ def run_cells(cell_ids, store: RunStore, options: WorkerOptions, jobs: int = 1, 
     from .models import all_model_classes
 
     known = all_model_classes()
-    wanted = [cell for cell in dict.fromkeys(cell_ids) if cell.rsplit("-", 2)[0] in known]
+    wanted = [cell for cell in dict.fromkeys(cell_ids) if parse_cell_id(cell)[0] in known]
     if not wanted:
         return {}
-    parts = [cell.rsplit("-", 2) for cell in wanted]
-    classes = [known[name] for name in dict.fromkeys(model for model, _b, _s in parts)]
-    backends = tuple(dict.fromkeys(backend for _m, backend, _s in parts))
-    shapes = tuple(dict.fromkeys(shape for _m, _b, shape in parts))
-    plan = Plan(classes, backends, shapes, only=set(wanted))
+    models, backends, shapes, dtypes = (tuple(dict.fromkeys(part)) for part in zip(*map(parse_cell_id, wanted)))
+    plan = Plan([known[name] for name in models], backends, shapes, dtypes, only=set(wanted))
     run_sweep(plan, store, options, jobs, registry, progress or Progress(plan.total))
     present = store.cell_ids()
     return {cell: store.read(cell) for cell in wanted if cell in present}

@@ -573,3 +573,13 @@ MAIN_INPUTS: dict[str, str] = {
 # model class -> {"atol": ..., "rtol": ..., "backends": [...], "reason": ...}: a tolerance wider than the default,
 # shown on the dashboard next to every cell it applies to.
 TOLERANCE_OVERRIDES: dict[str, dict] = {}
+
+# dtype -> (atol = rtol, why): parity of a half-precision cell. Eager runs in that dtype too, so what is left is the
+# rounding of a different order of operations (fused kernels, XNNPACK's accumulation), a few units in the last place
+# of the outputs' magnitude. float32 keeps each backend's default.
+DTYPE_TOLERANCE: dict[str, tuple[float, str]] = {
+    "float16": (1.6e-2, "float16 keeps 10 mantissa bits (a unit in the last place is 1e-3 at 1): half-precision "
+                        "exporters customarily compare at 1.6e-2"),
+    "bfloat16": (1.6e-2 * 8, "bfloat16 keeps 7 mantissa bits, 8 times coarser than float16 (a unit in the last "
+                             "place is 7.8e-3 at 1): the float16 tolerance scaled by the same factor"),
+}  # fmt: skip

@@ -142,7 +142,7 @@ class ClassWorker:
         shared_done = len(self.shared_stages) == len(SHARED_STAGES)
         self.cell, self.stage, self.started = cell, "export" if shared_done else "config", time.monotonic()
         self.stage_started, self.cell_stages = self.started, []
-        self.connection.send(("cell", cell.backend, cell.shape_mode))
+        self.connection.send(("cell", cell.backend, cell.shape_mode, cell.dtype))
         return None
 
     def poll(self) -> CellRecord | None:
@@ -326,8 +326,8 @@ class ClassWorker:
             connection.send(("stage", (name, shared, own)))
 
         while True:
-            kind, backend, shape_mode = connection.recv()
+            kind, *cell = connection.recv()
             if kind == "exit":
                 return
-            record = run_cell(Cell(self.model_class, backend, shape_mode), context, self.registry, on_stage)
+            record = run_cell(Cell(self.model_class, *cell), context, self.registry, on_stage)
             connection.send(("record", record.to_dict()))

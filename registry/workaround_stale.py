@@ -22,6 +22,7 @@ from pathlib import Path
 
 from exporters.registration import resolve_path
 from exporters.versions import condition_holds
+from harness.records import parse_cell_id
 
 from .github import GitHubClient, is_fixed
 
@@ -74,7 +75,7 @@ def check_workarounds(rows: list[dict], seconds: dict[str, float], versions: dic
         finding = WorkaroundFinding(row["name"], row["backend"], row["kind"], upstream=row.get("upstream"))
         findings.append(finding)
         fired = row.get("fired", [])
-        finding.sweep_after = sorted({cell.rsplit("-", 2)[0] for cell in fired})
+        finding.sweep_after = sorted({parse_cell_id(cell)[0] for cell in fired})
         if row.get("fixed_when"):
             reached = condition_holds(row["fixed_when"], versions)
             finding.evidence.append(f"version {'reached' if reached else 'not reached'}: {row['fixed_when']}")

@@ -11,7 +11,7 @@ from pathlib import Path
 from harness.compare import CHANGE_KINDS, diff, expected_cells, stage_order
 from harness.ledger import ledger_rows, owner, read_listing
 from harness.plan import PlanError, SweepPlan, plan_of_run
-from harness.records import SHAPE_MODES, SHARED_STAGES, CellRecord, error_signature
+from harness.records import DTYPES, SHAPE_MODES, SHARED_STAGES, CellRecord, column_of, error_signature, parse_cell_id
 from harness.store import RUN_FILE, CorruptRecordError, RunStore, read_json
 
 from exporters.backends import BACKENDS
@@ -125,14 +125,18 @@ class RunView:
 
     @property
     def columns(self) -> list[tuple[str, str]]:
-        """(backend, shape) columns present in this run, in the fixed order."""
-        present = {(r.backend, r.shape_mode) for r in self.records}
+        """(backend, mode) columns present in this run, in the fixed order; a mode is a shape mode, with its dtype
+        when not float32 (``static-bfloat16``)."""
+        present = {(r.backend, r.mode) for r in self.records}
         options = self.metadata.get("options", {}) if isinstance(self.metadata.get("options"), dict) else {}
         backends, shapes = options.get("backends") or [], options.get("shapes") or []
+        dtypes = options.get("dtypes") or list(DTYPES[:1])
         if self.plan is not None:
-            backends, shapes = self.plan.backends, self.plan.shapes
-        present |= {(b, s) for b in backends for s in shapes if isinstance(b, str) and isinstance(s, str)}
-        return [(b, s) for b in BACKENDS for s in SHAPE_MODES if (b, s) in present]
+            backends, shapes, dtypes = self.plan.backends, self.plan.shapes, self.plan.dtypes
+        present |= {(b, column_of(s, d)) for b in backends for s in shapes for d in dtypes
+                    if isinstance(b, str) and isinstance(s, str) and d in DTYPES}  # fmt: skip
+        modes = [column_of(s, d) for s in SHAPE_MODES for d in DTYPES]
+        return [(b, m) for b in BACKENDS for m in modes if (b, m) in present]
 
     def missing_in(self, backend: str, shape: str) -> list[str]:
         return [cell for cell in self.missing if cell.endswith(f"-{backend}-{shape}")]
@@ -147,13 +151,13 @@ class RunView:
                 {"name": record.model_class, "model_type": record.model_type, "task": record.task,
                  "tasks": record.tasks, "cells": {}, "missing": set(), "failing": 0},
             )  # fmt: skip
-            row["cells"][f"{record.backend}-{record.shape_mode}"] = record
+            row["cells"][f"{record.backend}-{record.mode}"] = record
             row["failing"] += record.status not in ("pass", "skip", "unavailable")
         for cell in self.missing:
-            model, backend, shape = cell.rsplit("-", 2)
+            model, backend, shape, dtype = parse_cell_id(cell)
             row = rows.setdefault(model, {"name": model, "model_type": "", "task": "", "tasks": [], "cells": {},
                                           "missing": set(), "failing": 0})  # fmt: skip
-            row["missing"].add(f"{backend}-{shape}")
+            row["missing"].add(f"{backend}-{column_of(shape, dtype)}")
             row["failing"] += 1
         # failures first: what a maintainer opens the matrix for
         return sorted(rows.values(), key=lambda row: (row["failing"] == 0, row["name"]))
@@ -194,7 +198,7 @@ def tiles(view: RunView, baseline: RunView | None = None) -> list[dict]:
     eager = eager_tile(view)
     result = [eager] if eager else []
     for backend, shape in view.columns:
-        cells = [r for r in view.records if r.backend == backend and r.shape_mode == shape]
+        cells = [r for r in view.records if r.backend == backend and r.mode == shape]
         missing = len(view.missing_in(backend, shape))
         passed = sum(r.status == "pass" for r in cells)
         counts = Counter(category(r) for r in cells)
@@ -219,7 +223,7 @@ def breakdown(view: RunView) -> list[dict]:
         table: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
         for record in view.records:
             for value in key(record):
-                tally = table[value][f"{record.backend}-{record.shape_mode}"]
+                tally = table[value][f"{record.backend}-{record.mode}"]
                 tally[0] += record.status == "pass"
                 tally[1] += 1
         order = MODALITIES if group == "modality" else sorted(table, key=lambda v: (-sum(t[1] for t in table[v].values()), v))
@@ -235,7 +239,7 @@ def funnel(view: RunView) -> dict[str, list[dict]]:
     result = {}
     for backend in BACKENDS:
         records = [r for r in view.records if r.backend == backend]
-        missing = sum(cell.rsplit("-", 2)[1] == backend for cell in view.missing)
+        missing = sum(parse_cell_id(cell)[1] == backend for cell in view.missing)
         if not records and not missing:
             continue
         rows = []
@@ -391,7 +395,7 @@ def night_summary(view: RunView) -> dict:
     rates = {}
     for backend in BACKENDS:
         cells = [r for r in view.records if r.backend == backend]
-        missing = sum(cell.rsplit("-", 2)[1] == backend for cell in view.missing)
+        missing = sum(parse_cell_id(cell)[1] == backend for cell in view.missing)
         if cells or missing:
             rates[backend] = round(100.0 * sum(r.status == "pass" for r in cells) / (len(cells) + missing), 2)
     not_passing = {r.cell_id: r.status for r in view.records if r.status != "pass"}

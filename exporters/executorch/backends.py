@@ -16,14 +16,15 @@ from ..registration import register_executorch_backend
 @register_executorch_backend(
     "xnnpack",
     model_side="Not a workaround: it is backend setup (selects XnnpackPartitioner, puts the model on the CPU and"
-               " casts floating tensors to float32 for XNNPACK's float path), so no upstream or modeling change "
-               "would remove it.",
+               " casts floating tensors to float32, or keeps a half-precision model in its dtype), so no upstream or"
+               " modeling change would remove it.",
 )
 def prepare_for_xnnpack(model):
-    """XNNPACK: float32 on the CPU, delegated subgraphs where XNNPACK has kernels, the portable ops elsewhere."""
+    """XNNPACK: float32 (or the model's half dtype) on the CPU, delegated subgraphs where XNNPACK has kernels, the
+    portable ops elsewhere."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
-    model.to(device="cpu").float()  # floating tensors only: `.to(dtype)` drops complex buffers' imaginary part
+    on_cpu_in_its_float_dtype(model)
     return [XnnpackPartitioner()]
 
 
@@ -46,12 +47,23 @@ def warm_up_xnnpack() -> None:
 @register_executorch_backend(
     "portable",
     model_side="Not a workaround: it is backend setup (portable kernels only, no partitioner; the model is put "
-               "on the CPU and cast to float32), so no upstream or modeling change would remove it.",
+               "on the CPU and cast to float32 unless it is a half-precision model), so no upstream or modeling change "
+               "would remove it.",
 )
 def prepare_for_portable(model):
     """Portable: ExecuTorch's reference kernels only, no delegate."""
-    model.to(device="cpu").float()
+    on_cpu_in_its_float_dtype(model)
     return []
+
+
+def on_cpu_in_its_float_dtype(model) -> None:
+    """The model on the CPU in float32, or in the half dtype all its floating parameters share (a half-precision
+    export): a model built in float32 may still hold float64 or half tensors the kernels would not take mixed."""
+    dtypes = {parameter.dtype for parameter in model.parameters() if parameter.is_floating_point()}
+    half = dtypes.pop() if len(dtypes) == 1 and dtypes <= {torch.float16, torch.bfloat16} else None
+    model.to(device="cpu")
+    # floating tensors only: `.to(dtype)` drops complex buffers' imaginary part
+    {torch.float16: model.half, torch.bfloat16: model.bfloat16}.get(half, model.float)()
 
 
 @register_executorch_backend(

@@ -194,3 +194,20 @@ def test_pass_rates_by_modality_and_task(tmp_path):
     multimodal = table[table.index(">multimodal<"):].split("</tr>")[0]
     assert "50.0%" in multimodal and "1/2" in multimodal
     assert ">vision<" in table and ">causal-lm<" in table
+
+
+def test_half_precision_cells_get_columns_and_tiles_of_their_own(tmp_path):
+    store = RunStore(tmp_path)
+    store.create({"models": "synthetic", "backends": ["onnx"], "shapes": ["static"], "dtypes": ["float32", "bfloat16"]})
+    store.write(synthetic_record("Model0ForCausalLM"))
+    half = synthetic_record("Model0ForCausalLM", status="unavailable", stage="load", message="no bfloat16 kernel for Add")
+    half.dtype = "bfloat16"
+    store.write(half)
+    store.write(synthetic_record("Model1ForCausalLM"))
+    store.finish()
+    site = write_report(tmp_path)
+    summary = (site / "summary.md").read_text()
+    assert "| onnx | static | 2 / 2 | 100.0 |" in summary and "| onnx | static-bfloat16 | 0 / 1 | 0.0 |" in summary
+    matrix = (site / "matrix.html").read_text()
+    assert matrix.count("<small>static-bfloat16</small>") == 1 and matrix.count("<small>static</small>") == 1
+    assert "onnx · static · bfloat16" in (site / "cells" / "Model0ForCausalLM-onnx-static-bfloat16.html").read_text()

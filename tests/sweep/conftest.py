@@ -33,6 +33,7 @@ def pytest_generate_tests(metafunc):
         return
     from harness.cells import Cell
     from harness.models import all_model_classes
+    from harness.records import parse_cell_id
 
     plan, shard = config.sweep_plan, config.sweep_shard
     known = all_model_classes()
@@ -40,11 +41,11 @@ def pytest_generate_tests(metafunc):
     params = []
     for name in plan.class_names(shard):
         for cell_id in plan.classes[name]["cells"]:
-            backend, shape = cell_id.rsplit("-", 2)[1:]
+            _name, *cell = parse_cell_id(cell_id)
             marks = []
             if cell_id in failures:  # a failure known last night is not news; a pass is (XPASS)
                 marks.append(pytest.mark.xfail(reason=failures[cell_id], strict=False))
-            params.append(pytest.param(Cell(known[name], backend, shape), marks=marks, id=cell_id))
+            params.append(pytest.param(Cell(known[name], *cell), marks=marks, id=cell_id))
     metafunc.parametrize("sweep_cell", params)
 
 

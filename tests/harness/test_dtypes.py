@@ -1,0 +1,78 @@
+"""The dtype axis: a half-precision cell casts the tiny model and its floating inputs, compares against eager in that
+dtype with the tolerance of `DTYPE_TOLERANCE`, keeps float32 cells as they were, and calls what a runtime has no
+kernel for `unavailable`."""
+
+import pytest
+import torch
+
+from harness.cells import Cell, ClassContext, run_cell
+from harness.models import select
+from harness.plan import SweepPlan, make_plan
+from harness.records import cell_id, column_of, parse_cell_id
+from harness.store import RunStore
+from harness.sweep import Plan, Progress, run_sweep
+from harness.tables import DTYPE_TOLERANCE
+from harness.workers import WorkerOptions, warm_imports
+
+
+@pytest.fixture(scope="module")
+def bert():
+    return ClassContext(select("BertModel")[0]).prepare()
+
+
+def test_a_cell_id_names_its_dtype_unless_float32():
+    assert cell_id("BertModel", "onnx", "static") == "BertModel-onnx-static"
+    assert cell_id("BertModel", "onnx", "static", "bfloat16") == "BertModel-onnx-static-bfloat16"
+    assert parse_cell_id("BertModel-onnx-static-bfloat16") == ("BertModel", "onnx", "static", "bfloat16")
+    assert parse_cell_id("BertModel-onnx-static") == ("BertModel", "onnx", "static", "float32")
+    assert column_of("dynamic", "float16") == "dynamic-float16" and column_of("dynamic") == "dynamic"
+
+
+@pytest.mark.parametrize("backend", ["dynamo", "executorch"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_half_precision_cell_exports_and_runs_in_its_dtype(bert, backend, dtype):
+    record = run_cell(Cell(bert.model_class, backend, "static", dtype), bert)
+    assert (record.status, record.stage) == ("pass", "parity"), record.message
+    assert record.cell_id == f"BertModel-{backend}-static-{dtype}" and record.dtype == dtype
+    assert (record.atol, record.tolerance_reason) == DTYPE_TOLERANCE[dtype]
+    assert f"--dtypes {dtype}" in record.repro
+    cast = bert.in_dtype(dtype)
+    assert {value.dtype for value in cast.expected["A"].values() if value.is_floating_point()} == {getattr(torch, dtype)}
+    assert next(bert.model.parameters()).dtype == torch.float32, "the float32 model is left as it was"
+
+
+def test_float32_cells_keep_their_tolerance_and_model(bert):
+    record = run_cell(Cell(bert.model_class, "dynamo", "static"), bert)
+    assert record.status == "pass" and record.atol == 1e-4 and record.tolerance_reason is None
+    assert bert.in_dtype("float32") is bert
+
+
+def test_onnx_runtime_without_a_bfloat16_kernel_is_unavailable_not_failed(bert):
+    record = run_cell(Cell(bert.model_class, "onnx", "static", "bfloat16"), bert)
+    assert (record.status, record.stage, record.error_type) == ("unavailable", "load", "RuntimeDtypeUnsupported")
+    assert "no bfloat16 kernel for" in record.message and "NOT_IMPLEMENTED" in record.message
+
+
+def test_a_sweep_over_dtypes_runs_each_cell_once_in_one_worker(tmp_path):
+    warm_imports(["dynamo"])
+    store = RunStore(tmp_path / "run")
+    store.create({})
+    plan = Plan(select("BertModel"), ("dynamo",), ("static",), ("float32", "float16"))
+    assert run_sweep(plan, store, WorkerOptions(timeout=300), jobs=1, progress=Progress(plan.total, every=60)) == {
+        "pass": 2
+    }
+    assert store.cell_ids() == {"BertModel-dynamo-static", "BertModel-dynamo-static-float16"}
+
+
+def test_a_plan_keeps_its_dtypes_and_a_float32_plan_its_digest(tmp_path):
+    models = select("BertModel")
+    float32 = make_plan(models, ["dynamo"], ["static"], {"models": "BertModel"})
+    half = make_plan(models, ["dynamo"], ["static"], {"models": "BertModel"}, dtypes=["float32", "bfloat16"])
+    assert half.cells() == ["BertModel-dynamo-static", "BertModel-dynamo-static-bfloat16"]
+    loaded = SweepPlan.load(half.save(tmp_path / "plan.json"))
+    assert loaded.dtypes == ["float32", "bfloat16"] and loaded.digest == half.digest != float32.digest
+    old_file = float32.to_dict()
+    del old_file["dtypes"]  # written before the dtype axis
+    assert SweepPlan(**{k: old_file[k] for k in ("selection", "backends", "shapes", "shards", "classes")}).digest == (
+        float32.digest
+    )
