@@ -498,10 +498,12 @@ def run_cell(
     return _done(record)
 
 
-# backend -> what its runtime says when it has no kernel for a dtype, the operator named in group 1
+# backend -> what its runtime says when it has no kernel for a dtype, the operator named in group 1: ONNX Runtime's
+# CPU provider lacks many half kernels, and the ONNX standard itself gives some operators no bfloat16 (Conv)
 _NO_KERNEL_FOR_DTYPE = {
-    "onnx": re.compile(r"NOT_IMPLEMENTED : Could not find an implementation for (\w+)\(\d+\)"),
-}
+    "onnx": re.compile(r"NOT_IMPLEMENTED : Could not find an implementation for (\w+)\(\d+\)"
+                       r"|Type Error: Type 'tensor\((?:bfloat16|float16)\)' of input parameter \(\w+\) of operator \((\w+)\)"),
+}  # fmt: skip
 
 
 def _runtime_takes_dtype(load: Callable[[], Any], cell: Cell) -> Any:
@@ -514,8 +516,9 @@ def _runtime_takes_dtype(load: Callable[[], Any], cell: Cell) -> Any:
         match = pattern.search(str(error)) if pattern and cell.dtype != DTYPES[0] else None
         if match is None:
             raise
+        operator = next(group for group in match.groups() if group)
         raise StageFailure(
-            "unavailable", f"the {cell.backend} runtime has no {cell.dtype} kernel for {match.group(1)} on this CPU: "
+            "unavailable", f"the {cell.backend} runtime runs no {cell.dtype} {operator} on this CPU: "
             f"{str(error).strip()[:300]}", "RuntimeDtypeUnsupported",
         ) from error  # fmt: skip
 
