@@ -156,6 +156,16 @@ def test_no_private_name_is_imported_from_another_module():
     assert not crossings, "private names imported across modules:\n" + "\n".join(crossings)
 
 
+def test_only_a_bench_imports_transformers_own_exporters():
+    """We write our own exporters: `transformers.exporters` is read to learn facts and timed beside ours in bench/."""
+    importers = [f"{MODULES[name].relative_to(ROOT)}:{line}" for name in MODULES for line, module, names in _imports(name)
+                 if module.startswith("transformers.exporters") or (module == "transformers" and "exporters" in names)]  # fmt: skip
+    scripts = [path for path in (*ROOT.glob("*.py"), *(ROOT / "tests").rglob("*.py")) if path != Path(__file__)]
+    importers += [str(path.relative_to(ROOT)) for path in scripts if "transformers.exporters" in path.read_text()]
+    assert importers == []
+    assert "import transformers.exporters" in (ROOT / "bench" / "peer_bench.py").read_text()
+
+
 def test_no_file_of_the_exporters_is_longer_than_a_reader_can_hold():
     long = {str(path.relative_to(ROOT)): count for path in sorted((ROOT / "exporters").rglob("*.py"))
             if (count := len(path.read_text().splitlines())) > MAX_EXPORTER_LINES}  # fmt: skip
