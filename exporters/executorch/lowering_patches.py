@@ -409,9 +409,10 @@ def _patch_views_as_dynamic_as_their_base(original):
 
 # the most input-size combinations a size's exact upper bound is searched over (an audio length by a batch: ~1e6)
 _BOUND_SEARCH_LIMIT = 1 << 22
-# A number read from data with nothing to bound it (a vocoder's frame count, summed from predicted durations; a
-# split's offsets) is planned as lying within this many either side of zero.
-_DATA_DEPENDENT_CEILING = 4096
+# A number read from data (a vocoder's frame count, summed from predicted durations; a split's offsets) is planned
+# as lying within this many either side of zero, or within its own bound where that is tighter: a decoder attending
+# over frames plans their square (FastSpeech2's frames, bounded at 5,000 by its position table, planned 17 GB).
+_DATA_DEPENDENT_CEILING = 1024
 
 
 @register_patch(
@@ -432,8 +433,8 @@ def _patch_sizes_bounded_exactly(original):
     expression's largest value is found exactly.
 
     A size that depends on a number read from data with no bound of its own has none ("Cannot evaluate a finite
-    upper bound"); that number is taken within `_DATA_DEPENDENT_CEILING` either side of zero, and past it the
-    runtime refuses to resize the tensor.
+    upper bound"); that number is taken within `_DATA_DEPENDENT_CEILING` either side of zero (or its own bound,
+    where tighter), and past it the runtime refuses to resize the tensor.
 
     Where interval arithmetic finds no finite bound but the size has a traced value, ExecuTorch plans that value
     silently: Swin2SR's window reverse (`height // (height // window)`, a quotient by a floor that may be 0) was
@@ -463,9 +464,9 @@ def _patch_sizes_bounded_exactly(original):
         if span is None or not str(symbol).startswith("u"):  # an input size (s0...) keeps its range
             return span
         lower = span.lower if isinstance(span.lower, sympy.Integer) else -_DATA_DEPENDENT_CEILING
+        ceiling = max(lower, _DATA_DEPENDENT_CEILING)
         bounded = isinstance(span.upper, sympy.Integer) and span.upper < sys.maxsize - 1  # int64's top: no bound
-        upper = span.upper if bounded else max(lower, _DATA_DEPENDENT_CEILING)
-        return ValueRanges(lower, upper)
+        return ValueRanges(lower, min(span.upper, ceiling) if bounded else ceiling)
 
     def find_largest(expr, symbols, spans):
         exact = search(expr, symbols, spans)

@@ -74,6 +74,19 @@ def assert_runs_like_eager(exported, model, inputs):
     torch.testing.assert_close(exported(**inputs)["output"], model(**inputs), atol=1e-5, rtol=1e-5)
 
 
+class PositionedAttention(torch.nn.Module):
+    """FastSpeech2's encoder: positions read from a long table (which bounds the sequence at its length), then
+    scores of every position against every other, the square of the sequence."""
+
+    def __init__(self, positions: int = 2048):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(positions, 4))
+
+    def forward(self, tokens):
+        hidden = tokens + self.table[: tokens.shape[1]]
+        return (hidden @ hidden.transpose(1, 2)).softmax(-1) @ hidden
+
+
 class FramedSamples(torch.nn.Module):
     """X-Codec 2 reads raw samples beside their features, a fixed number of samples per frame (320; 20 here): the
     samples' axis is an expression of the frames' symbol, at least 40 for the two frames an axis has at least."""

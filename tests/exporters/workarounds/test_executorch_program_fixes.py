@@ -11,6 +11,7 @@ from exporters.workarounds import disabled_workarounds
 from .modules import (
     EntropyPatchStarts,
     FramedSamples,
+    PositionedAttention,
     Projection,
     ScoreAtFirstBest,
     TOKENS,
@@ -58,12 +59,25 @@ def test_a_traced_pattern_exports_with_its_workaround_and_fails_without(backend,
 def test_executorch_dynamic_axes_get_an_upper_bound():
     model, longer = Projection().eval(), {"tokens": torch.randn(3, 20, 4)}  # four times the traced elements
     exported = executorch_dynamic(model, TOKENS["A"])
-    assert "_fix_unbounded_dynamic_axes" in exported.applied
+    assert "_fix_dynamic_axes_bounded_for_planning" in exported.applied
     assert_runs_like_eager(exported, model, longer)
-    with disabled_workarounds("_fix_unbounded_dynamic_axes"):
+    with disabled_workarounds("_fix_dynamic_axes_bounded_for_planning"):
         unbounded = executorch_dynamic(model, TOKENS["A"])
     with pytest.raises(RuntimeError, match="set_inputs"):
         unbounded(**longer)  # memory was planned for the traced size only
+
+
+def test_executorch_plans_a_bounded_axis_for_its_growth_not_for_the_model_bound():
+    from exporters.executorch.runtime import execution_plan
+
+    model, tokens = PositionedAttention().eval(), torch.randn(2, 7, 4)
+    exported = executorch_dynamic(model, {"tokens": tokens})
+    assert_runs_like_eager(exported, model, {"tokens": torch.randn(3, 28, 4)})  # four times the traced length
+    with disabled_workarounds("_fix_dynamic_axes_bounded_for_planning"):
+        planned_for_the_table = executorch_dynamic(model, {"tokens": tokens})
+    # planned for 2,048 positions, the scores alone are 2 x 2,048 x 2,048 floats (32 MB); for 32, 8 KB
+    planned, unbounded = (max(execution_plan(e.program).non_const_buffer_sizes) for e in (exported, planned_for_the_table))
+    assert planned < 2**20 < 2**25 < unbounded
 
 
 def test_an_axis_sized_by_an_expression_gets_its_bound_from_its_traced_size():
