@@ -216,6 +216,26 @@ def tiles(view: RunView, baseline: RunView | None = None) -> list[dict]:
     return result
 
 
+def dtype_shares(view: RunView) -> list[dict]:
+    """Each half-precision column against float32: of the classes that pass a backend and shape mode in float32,
+    how many pass it in the other dtype, and how many the backend's runtime cannot run in it (``unavailable``), so
+    that the share of what the runtime can run is told apart from the share of all."""
+    passing = {(r.backend, r.shape_mode, r.model_class) for r in view.records if r.dtype == DTYPES[0] and r.status == "pass"}
+    rows = []
+    for backend, mode in view.columns:
+        cells = [r for r in view.records if r.backend == backend and r.mode == mode and r.dtype != DTYPES[0]
+                 and (r.backend, r.shape_mode, r.model_class) in passing]  # fmt: skip
+        if not cells:
+            continue
+        counts = Counter(category(r) for r in cells)
+        passed, unavailable = counts["pass"], counts.get("unavailable", 0)
+        runnable = len(cells) - unavailable
+        rows.append({"backend": backend, "shape": cells[0].shape_mode, "dtype": cells[0].dtype, "base": len(cells),
+                     "passed": passed, "unavailable": unavailable, "percent": _percent(passed, len(cells)),
+                     "percent_runnable": _percent(passed, runnable) if runnable else None, "counts": counts})  # fmt: skip
+    return rows
+
+
 def breakdown(view: RunView) -> list[dict]:
     """Pass rates by modality, then by task, per column: ``[{"group", "value", "cells": {column: (passed, total)}}]``."""
     rows = []

@@ -182,6 +182,17 @@ def summary_markdown(view, tiles, changes, buckets, stale) -> str:
         if delta:
             row += f" {t['delta']:+.1f} |" if "delta" in t else " |"
         lines.append(row)
+    shares = data.dtype_shares(view)
+    if shares:
+        lines += ["", "## Half precision, against float32", "",
+                  "Of the classes that pass a column in float32: how many pass it in the other dtype, and how many "
+                  "the backend's runtime cannot run in it.", "",
+                  "| backend | shapes | dtype | passes in float32 | pass | unavailable | % | % of what the runtime runs |",
+                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for row in shares:
+            runnable = "-" if row["percent_runnable"] is None else f"{row['percent_runnable']:.1f}"
+            lines.append(f"| {row['backend']} | {row['shape']} | {row['dtype']} | {row['base']} | {row['passed']} | "
+                         f"{row['unavailable']} | {row['percent']:.1f} | {runnable} |")  # fmt: skip
     lines += ["", "## Largest failure buckets", ""]
     lines += [f"{i}. {b['count']} cells, {md_code(b['signature'][:160])}" for i, b in enumerate(buckets[:10], 1)] or ["none"]
     stale_entries = [e for e in (stale or {}).get("entries", []) if e.get("stale")]

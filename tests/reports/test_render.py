@@ -211,3 +211,23 @@ def test_half_precision_cells_get_columns_and_tiles_of_their_own(tmp_path):
     matrix = (site / "matrix.html").read_text()
     assert matrix.count("<small>static-bfloat16</small>") == 1 and matrix.count("<small>static</small>") == 1
     assert "onnx · static · bfloat16" in (site / "cells" / "Model0ForCausalLM-onnx-static-bfloat16.html").read_text()
+
+
+def test_the_summary_counts_half_precision_against_what_passes_in_float32(tmp_path):
+    store = RunStore(tmp_path)
+    store.create({"models": "synthetic", "backends": ["executorch"], "shapes": ["static"], "dtypes": ["float32", "float16"]})
+    outcomes = {  # class: (float32, float16)
+        "Model0ForCausalLM": ("pass", "pass"),
+        "Model1ForCausalLM": ("pass", "fail"),  # a mismatch at half tolerance
+        "Model2ForCausalLM": ("pass", "unavailable"),  # the runtime has no half kernel
+        "Model3ForCausalLM": ("fail", "pass"),  # not passing in float32: outside the share
+    }
+    for name, statuses in outcomes.items():
+        for dtype, status in zip(("float32", "float16"), statuses):
+            record = synthetic_record(name, backend="executorch", status=status,
+                                      stage="parity" if status != "unavailable" else "load")
+            record.dtype = dtype
+            store.write(record)
+    store.finish()
+    summary = (write_report(tmp_path) / "summary.md").read_text()
+    assert "| executorch | static | float16 | 3 | 1 | 1 | 33.3 | 50.0 |" in summary
