@@ -1,5 +1,6 @@
 """Stage 2 model patches: torch and transformers code every model runs through: a module's cast to its own dtype,
-torch's contiguity test, the experts interface, `len` of a tensor and `take_along_dim` on symbolic sizes.
+torch's contiguity test, the experts interface, `len` of a tensor and `take_along_dim` on symbolic sizes, and
+float16 overflow checks.
 """
 
 from __future__ import annotations
@@ -122,3 +123,54 @@ def _patch_take_along_dim_as_gather(original):
         return torch.gather(input, dim, indices)
 
     return take_along_dim
+
+
+# what a float16 overflow check answers under export: "not all finite", "some infinite", so the clamp runs
+_OVERFLOW_ANSWERS = {("isfinite", "all"): False, ("isinf", "any"): True}
+
+
+@register_patch(
+    "dynamo", "torch.isfinite", "torch.isinf", "torch.Tensor.all", "torch.Tensor.any", "torch.Tensor.__bool__",
+    reports=True,
+    model_side="transformers: the float16 encoder layers of BART and the models copied from it (PLBart, Marian, "
+               "MVP, LED, BigBird-Pegasus, Blenderbot Small, NLLB-MoE, Informer, Time Series Transformer) and "
+               "LongT5 / Pix2Struct clamp their hidden states unconditionally (as Whisper, mBART and Pegasus do) or "
+               "with torch.where (as T5 does since huggingface/transformers#22097), not behind "
+               "`not torch.isfinite(hidden_states).all()`, a branch on data.",
+)
+def _patch_half_overflow_check_answered(original):
+    """BART's float16 encoder layers clamp their hidden states only when some value overflowed
+    (`if ... and not torch.isfinite(hidden_states).all()`); LongT5's ask `torch.isinf(...).any()`. The branch reads
+    data, which export cannot trace ("Could not guard on data-dependent expression Eq(u0, 1)"). Answered "it
+    overflowed", the clamp runs always: it changes nothing finite below the clamp value (float16's largest less
+    1,000), as the models that clamp unconditionally do. Only the truth value of such a check is answered; the
+    tensors stay what they are."""
+    name = original.__name__
+    if name in ("isfinite", "isinf"):
+
+        def check(input, *args, **kwargs):
+            mask = original(input, *args, **kwargs)
+            if isinstance(input, torch.Tensor) and input.dtype == torch.float16:
+                mask._overflow_check = name
+            return mask
+
+        return check
+    if name in ("all", "any"):
+
+        def reduce(self, *args, **kwargs):
+            result = original(self, *args, **kwargs)
+            answer = _OVERFLOW_ANSWERS.get((getattr(self, "_overflow_check", None), name))
+            if answer is not None and not args and not kwargs:
+                result._overflow_answer = answer
+            return result
+
+        return reduce
+
+    def truth(self):
+        answer = getattr(self, "_overflow_answer", None)
+        if answer is None:
+            return original(self)
+        report_applied()
+        return answer
+
+    return truth

@@ -342,6 +342,17 @@ class PatchIndexPerImage(torch.nn.Module):
         return patches + index[:, None]
 
 
+class OverflowClamped(torch.nn.Module):
+    """BART's float16 encoder layer: its hidden states are clamped only when some value overflowed."""
+
+    def forward(self, hidden):
+        hidden = hidden * 2
+        if hidden.dtype == torch.float16 and not torch.isfinite(hidden).all():
+            clamp = torch.finfo(hidden.dtype).max - 1000
+            hidden = torch.clamp(hidden, min=-clamp, max=clamp)
+        return hidden + 1
+
+
 class PickedColumns(torch.nn.Module):
     """Columns picked by a mask from the input (image-token positions): a data-dependent size in a middle axis."""
 

@@ -10,10 +10,12 @@ from exporters.workarounds import disabled_workarounds
 
 from ..conftest import TOLERANCE, assert_parity
 from .modules import (
+    OverflowClamped,
     RankedQueries,
     TokensPastTheLastWindow,
     check_class_case,
     check_dynamic_cell_case,
+    check_pattern_case,
     export_tiny,
     fixed_axes_with_and_without,
 )
@@ -42,6 +44,14 @@ DYNAMIC_CELL_CASES = [  # (model class, backend, {workaround: (stage, message) o
 @pytest.mark.parametrize("name, backend, failures", DYNAMIC_CELL_CASES, ids=[case[0] for case in DYNAMIC_CELL_CASES])
 def test_a_dynamic_cell_passes_with_its_workarounds_and_fails_without_each(name, backend, failures):
     check_dynamic_cell_case(name, backend, failures)
+
+
+def test_a_float16_overflow_check_exports_and_clamps_as_eager_does():
+    finite = {"hidden": torch.randn(2, 3, dtype=torch.float16)}
+    check_pattern_case("dynamo", OverflowClamped, finite, "_patch_half_overflow_check_answered", "data-dependent")
+    model, overflowing = OverflowClamped().eval(), {"hidden": torch.tensor([[40000.0, -40000.0, 1.0]] * 2).half()}
+    exported = exporters.DynamoExporter().export(model, finite)
+    assert torch.equal(exported(**overflowing)["output"], model(**overflowing))  # eager took the clamp branch
 
 
 def test_nllb_moe_exports_through_dynamo_with_its_patches(tiny):
