@@ -219,9 +219,12 @@ def _patch_embedding_bag_as_gather(original):
 )
 def _patch_scatter_reduce_as_dense(original):
     """The portable runtime has no `scatter_reduce` kernel (TAPAS reduces its table cells per segment with it, BLT
-    its bytes' states per patch). Along the scattered axis each output slot reduces the sources whose index is that
-    slot: a comparison of every index with every slot on a new axis, then a masked reduction over the sources;
-    slots no source reaches keep their value. Indices as wide as the output on the other axes only."""
+    its bytes' states per patch), but it has `scatter_add`, `gather` and `scatter`. A sum or a mean is two
+    `scatter_add`s (the totals, the counts). A largest or smallest value compares every source with every other
+    along the scattered axis: each source gets the extreme of the sources sharing its slot, and a `scatter` writes
+    it there (sources of one slot write the same value); slots no source reaches keep their value. Comparing sources
+    with slots instead planned TAPAS' 65,536 segments per table by its tokens: 8 GB for a dynamic batch. Indices as
+    wide as the output on the other axes only."""
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
     reductions = ("sum", "mean", "amax", "amin")
@@ -232,12 +235,10 @@ def _patch_scatter_reduce_as_dense(original):
                 or not all(statically_known_true(index.shape[axis] == input.shape[axis])
                            for axis in range(input.dim()) if axis != dim)):  # fmt: skip
             return original(input, dim, index, src, reduce, include_self=include_self)
-        slots = torch.arange(input.shape[dim], device=index.device).view([-1] + [1] * (input.dim() - dim))
-        member = index.unsqueeze(dim) == slots  # (..., slot, source, ...)
-        count = member.sum(dim=dim + 1)
-        sources = src[tuple(slice(0, size) for size in index.shape)].to(input.dtype).unsqueeze(dim)
+        sources = src[tuple(slice(0, size) for size in index.shape)].to(input.dtype)
         if reduce in ("sum", "mean"):
-            total = torch.where(member, sources, 0).sum(dim=dim + 1)
+            total = torch.zeros_like(input).scatter_add(dim, index, sources)
+            count = torch.zeros_like(input).scatter_add(dim, index, torch.ones_like(sources))
             if reduce == "sum":
                 return input + total if include_self else torch.where(count > 0, total, input)
             if include_self:
@@ -245,11 +246,13 @@ def _patch_scatter_reduce_as_dense(original):
             return torch.where(count > 0, total / count.clamp(min=1), input)
         highest = reduce == "amax"
         fill = torch.finfo(input.dtype).min if highest else torch.finfo(input.dtype).max
-        extreme = torch.where(member, sources, fill)
+        same_slot = index.unsqueeze(dim + 1) == index.unsqueeze(dim)  # (..., source, other source, ...)
+        extreme = torch.where(same_slot, sources.unsqueeze(dim), fill)
         extreme = extreme.amax(dim=dim + 1) if highest else extreme.amin(dim=dim + 1)
         if include_self:
-            extreme = torch.maximum(extreme, input) if highest else torch.minimum(extreme, input)
-        return torch.where(count > 0, extreme, input)
+            kept = input.gather(dim, index)
+            extreme = torch.maximum(extreme, kept) if highest else torch.minimum(extreme, kept)
+        return input.scatter(dim, index, extreme)
 
     return scatter_reduce
 

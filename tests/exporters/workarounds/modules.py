@@ -430,6 +430,13 @@ class SegmentMinimum(torch.nn.Module):
         return torch.zeros(5).scatter_reduce(0, segments, values, "amin", include_self=False)
 
 
+class SegmentMeans(torch.nn.Module):
+    """TAPAS: each segment's mean, with the value it had (segment 3 has no cell and keeps its one)."""
+
+    def forward(self, values, segments):
+        return torch.ones(5).scatter_reduce(0, segments, values, "mean", include_self=True)
+
+
 class PatchMaxima(torch.nn.Module):
     """BLT: each patch's states, the largest over its bytes' (patch 2 has none and keeps its zero)."""
 
