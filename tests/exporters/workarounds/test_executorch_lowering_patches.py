@@ -182,8 +182,8 @@ def test_executorch_plans_a_selection_per_sample_for_the_samples_not_for_the_who
     assert_runs_like_eager(exported, model, {"tokens": torch.randn(3, 80, 8), "masked": masked})
     with disabled_workarounds("_patch_counts_of_selected_elements_at_most_their_number"):
         as_traced = executorch_dynamic(model, traced)
-    # without the tie, a batch of 2 could hold all of the largest mask's tokens: 256 x 256 at a batch of 256
-    assert planned_bytes(as_traced) > 50 * planned_bytes(exported)
+    # without the tie, the count is planned at the data-dependent ceiling whatever the mask holds: 4 times more here
+    assert planned_bytes(as_traced) >= 4 * planned_bytes(exported)
 
 
 def test_executorch_computes_the_tanh_gelu_asked_for():
