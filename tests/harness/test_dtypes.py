@@ -5,7 +5,7 @@ kernel for `unavailable`."""
 import pytest
 import torch
 
-from harness.cells import Cell, ClassContext, run_cell
+from harness.cells import Cell, ClassContext, compare, run_cell, within_eager_half_error
 from harness.models import select
 from harness.plan import SweepPlan, make_plan
 from harness.records import cell_id, column_of, parse_cell_id
@@ -79,3 +79,31 @@ def test_a_plan_keeps_its_dtypes_and_a_float32_plan_its_digest(tmp_path):
     assert SweepPlan(**{k: old_file[k] for k in ("selection", "backends", "shapes", "shards", "classes")}).digest == (
         float32.digest
     )
+
+
+def _parity(actual, eager_half, eager_float32):
+    atol = DTYPE_TOLERANCE["float16"][0]
+    ok, details, _abs, _rel = compare({"out": actual}, {"out": eager_half}, atol, atol)
+    assert not ok, "the case starts beyond the tolerance from eager in float16"
+    return within_eager_half_error({"out": actual}, {"out": eager_half}, {"out": eager_float32}, atol, atol, details), details["out"]
+
+
+def test_a_half_program_as_far_from_float32_as_half_eager_passes():
+    truth = torch.linspace(-1, 1, 64, dtype=torch.float32)
+    eager_half = (truth + 0.05).half()  # eager rounds one way, the program the other
+    ok, detail = _parity((truth - 0.05).half(), eager_half, truth)
+    assert ok and detail["ok"]
+    assert detail["eager_float32_abs"] == pytest.approx(0.05, abs=1e-3) and detail["float32_abs"] == pytest.approx(0.05, abs=1e-3)
+
+
+def test_a_half_program_further_from_float32_than_half_eager_fails():
+    truth = torch.linspace(-1, 1, 64, dtype=torch.float32)
+    ok, detail = _parity((truth + 0.3).half(), (truth + 0.05).half(), truth)
+    assert not ok and not detail["ok"] and detail["float32_abs"] == pytest.approx(0.3, abs=1e-3)
+
+
+def test_half_eager_that_overflowed_grants_no_error_budget():
+    truth = torch.full((8,), 70000.0)
+    eager_half = truth.half()  # inf: float16 ends at 65504
+    ok, detail = _parity(torch.zeros(8).half(), eager_half, truth)
+    assert not ok and "float32_abs" not in detail
