@@ -69,7 +69,10 @@ def generation_prompt(model: torch.nn.Module, inputs: dict[str, Any]) -> dict[st
 
 def with_positions(prompt: dict[str, Any]) -> dict[str, Any]:
     """The prompt with the ``position_ids`` generate() passes a decoder-only model that takes them: counted over the
-    attention mask. Models whose own default differs (RoBERTa offsets by its padding index) then agree with it."""
+    attention mask. Models whose own default differs (RoBERTa offsets by its padding index) then agree with it.
+    Positions the prompt brings (a multimodal rotary grid, one row per axis) are generate()'s already."""
+    if "position_ids" in prompt:
+        return prompt
     mask = prompt.get("attention_mask")
     if mask is not None:
         positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
@@ -83,7 +86,10 @@ def next_token_inputs(previous: dict[str, Any]) -> dict[str, Any]:
     type again (GPT-J embeds token types)."""
     step = {}
     if "position_ids" in previous:
-        step["position_ids"] = previous["position_ids"][:, -1:] + 1
+        last = previous["position_ids"].amax(dim=-1, keepdim=True)
+        if last.dim() == 3:  # a rotary grid, one row per axis (Qwen-VL): the next token is text past its furthest
+            last = last.amax(dim=0, keepdim=True).expand_as(last)
+        step["position_ids"] = last + 1
     if "token_type_ids" in previous:
         step["token_type_ids"] = previous["token_type_ids"][:, -1:]
     return step
@@ -264,7 +270,7 @@ def export_for_generation(
 
 def eager_generate(model: torch.nn.Module, inputs: dict[str, Any], max_new_tokens: int) -> Generated:
     """The reference: ``model.generate(do_sample=False)``, never stopping early, with each step's logits."""
-    prompt = {name: value for name, value in inputs.items() if not name.startswith("decoder_")}
+    prompt = _kwargs_generate_takes(model, {name: value for name, value in inputs.items() if not name.startswith("decoder_")})
     config = copy.deepcopy(model.generation_config)
     config.update(do_sample=False, num_beams=1, eos_token_id=None, max_new_tokens=max_new_tokens,
                   min_new_tokens=max_new_tokens, output_logits=True, return_dict_in_generate=True,
@@ -285,6 +291,22 @@ def eager_generate(model: torch.nn.Module, inputs: dict[str, Any], max_new_token
     sequences = result.sequences
     new = sequences[:, -max_new_tokens:]
     return Generated(new, [logits.float() for logits in result.logits])
+
+
+def _kwargs_generate_takes(model: torch.nn.Module, prompt: dict[str, Any]) -> dict[str, Any]:
+    """The prompt without what generate()'s check of its kwargs refuses: the precomputed tower kwargs a multimodal
+    forward takes only through ``**kwargs`` (``image_cu_seqlens``, ``interp_indices``), which eager computes itself
+    from the same image grid, to the same values."""
+    named = set(inspect.signature(model.forward).parameters)
+
+    def taken(name: str) -> bool:
+        try:
+            model._validate_model_kwargs({name: prompt[name]})
+        except ValueError:
+            return False
+        return True
+
+    return {name: value for name, value in prompt.items() if name in named or taken(name)}
 
 
 @dataclass
