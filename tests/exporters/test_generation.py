@@ -107,6 +107,22 @@ def test_the_prompt_loses_what_generate_drops_before_the_first_step(tiny):
     assert sorted(generation_prompt(gptj.model, gptj.inputs["A"])) == ["attention_mask", "input_ids", "token_type_ids"]
 
 
+def test_a_vision_language_prompt_generates_with_its_grid_positions_and_precomputed_tower_inputs():
+    """Qwen2-VL's prompt (the sweep's) carries its 3-D rotary positions and the tower's precomputed kwargs
+    (``image_cu_seqlens``), which generate() refuses by name: eager computes those itself, and each decode step is
+    one past the grid's furthest position."""
+    from harness.cells import ClassContext
+    from harness.models import select
+
+    model = ClassContext(select("Qwen2VLForConditionalGeneration")[0]).prepare()
+    prompt = generation_prompt(model.model, model.inputs["A"])
+    assert prompt["position_ids"].dim() == 3 and "image_cu_seqlens" in prompt
+    expected = eager_generate(model.model, prompt, NEW_TOKENS)
+    generated = export_for_generation(model.model, prompt, "dynamo").generate(prompt, NEW_TOKENS)
+    comparison = compare_generation(expected, generated, TOLERANCE["dynamo"], TOLERANCE["dynamo"])
+    assert comparison.ok and comparison.tokens_equal, comparison.message
+
+
 @pytest.mark.parametrize("backend", ["dynamo", "onnx"])
 def test_a_state_space_cache_travels_as_cache_params_and_decode_takes_no_mask(tiny, backend):
     model = tiny("MambaForCausalLM")
