@@ -16,6 +16,7 @@ tokens are generate()'s.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 from dataclasses import dataclass, field
@@ -262,10 +263,45 @@ def export_for_generation(
             elif name == "encoder_outputs":
                 shapes[name] = (None,) if isinstance(value, tuple) else [None]  # a ModelOutput flattens to a list
         exporter, config = exporter_for(backend, dynamic=True, dynamic_shapes=shapes)
-    decode = exporter.export(model, copy.deepcopy(decode_inputs), config)
+    with _seen_tokens_read_from_the_mask(model, sliding=cache == "dynamic" and not encoder_decoder):
+        decode = exporter.export(model, copy.deepcopy(decode_inputs), config)
     as_output = encoder_decoder and not isinstance(decode_inputs["encoder_outputs"], tuple)
     encoder_input = ENCODER_OUTPUT_INPUT if as_output else ENCODER_TUPLE_INPUT
     return Generator(prefill, decode, encoder_decoder, static_cache, start, positions, cache_input, encoder_input)
+
+
+@contextlib.contextmanager
+def _seen_tokens_read_from_the_mask(model: torch.nn.Module, sliding: bool):
+    """A sliding-window cache layer counts the tokens it has seen in a Python int (``cumulative_length``), which a
+    trace bakes in: the decode program would then size its masks for the traced step only. While the decode step is
+    traced, that count is read from the attention mask's length instead (every token seen, and this step's), so it
+    stays symbolic; after the step, the layer holds a plain int again, as the cache it returns is rebuilt from."""
+    if not sliding:
+        yield
+        return
+    counted: list = []
+
+    def before(_module, _args, kwargs):
+        mask, tokens, cache = kwargs.get("attention_mask"), kwargs.get("input_ids"), kwargs.get(CACHE)
+        if mask is None or tokens is None or cache is None:
+            return
+        for layer in getattr(cache, "layers", []):
+            if type(getattr(layer, "cumulative_length", None)) is int:
+                counted.append((layer, layer.cumulative_length + tokens.shape[-1]))
+                layer.cumulative_length = mask.shape[-1] - tokens.shape[-1]
+
+    def after(_module, _args, _kwargs, _output):
+        for layer, count in counted:
+            layer.cumulative_length = count
+        counted.clear()
+
+    handles = [model.register_forward_pre_hook(before, with_kwargs=True),
+               model.register_forward_hook(after, with_kwargs=True)]  # fmt: skip
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def eager_generate(model: torch.nn.Module, inputs: dict[str, Any], max_new_tokens: int) -> Generated:

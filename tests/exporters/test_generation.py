@@ -123,6 +123,21 @@ def test_a_vision_language_prompt_generates_with_its_grid_positions_and_precompu
     assert comparison.ok and comparison.tokens_equal, comparison.message
 
 
+@pytest.mark.parametrize("backend", ["dynamo", "executorch"])
+def test_a_chunked_attention_decode_program_counts_the_tokens_it_has_seen_from_the_mask(backend):
+    """Llama 4's chunked layers count seen tokens in a Python int: traced as such, the decode program only ran the
+    traced step (a guard on the mask's length failed at the next)."""
+    from harness.cells import ClassContext
+    from harness.models import select
+
+    model = ClassContext(select("Llama4ForCausalLM")[0]).prepare()
+    prompt = generation_prompt(model.model, model.inputs["A"])
+    expected = eager_generate(model.model, prompt, NEW_TOKENS)
+    generated = export_for_generation(model.model, prompt, backend).generate(prompt, NEW_TOKENS)
+    comparison = compare_generation(expected, generated, TOLERANCE[backend], TOLERANCE[backend])
+    assert comparison.ok and comparison.tokens_equal, comparison.message
+
+
 @pytest.mark.parametrize("backend", ["dynamo", "onnx"])
 def test_a_state_space_cache_travels_as_cache_params_and_decode_takes_no_mask(tiny, backend):
     model = tiny("MambaForCausalLM")
