@@ -96,10 +96,20 @@ def next_token_inputs(previous: dict[str, Any]) -> dict[str, Any]:
     return step
 
 
-def takes_positions(model: torch.nn.Module) -> bool:
-    """generate() passes positions to decoder-only models whose forward names them."""
+def takes_positions(model: torch.nn.Module, prompt: dict[str, Any]) -> bool:
+    """generate() passes positions to decoder-only models whose forward names them, unless their own preparation
+    of a step drops them (Kosmos-2.5 counts its positions from its padding index itself)."""
     encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
-    return not encoder_decoder and "position_ids" in inspect.signature(model.forward).parameters
+    if encoder_decoder or "position_ids" not in inspect.signature(model.forward).parameters:
+        return False
+    if "input_ids" not in prompt:
+        return True
+    rest = {name: value for name, value in with_positions(prompt).items() if name != "input_ids"}
+    try:
+        passed = model.prepare_inputs_for_generation(prompt["input_ids"], **rest, use_cache=True, is_first_iteration=True)
+    except Exception:  # a model whose preparation needs more than a prompt: generate() would pass them
+        return True
+    return passed.get("position_ids") is not None
 
 
 class Generator:
@@ -198,7 +208,7 @@ def export_for_generation(
     if encoder_decoder and cache == "static":
         raise ValueError("a static cache is for decoder-only models here; encoder-decoder models use the dynamic one")
     prompt = {name: value for name, value in inputs.items() if not name.startswith("decoder_")}
-    positions = takes_positions(model)
+    positions = takes_positions(model, prompt)
     if positions:
         prompt = with_positions(prompt)
     batch = next(iter(named_leaves(prompt).values())).shape[0]

@@ -3,7 +3,14 @@
 import pytest
 import torch
 
-from exporters.generation import Generated, compare_generation, eager_generate, export_for_generation, generation_prompt
+from exporters.generation import (
+    Generated,
+    compare_generation,
+    eager_generate,
+    export_for_generation,
+    generation_prompt,
+    takes_positions,
+)
 
 from .conftest import TOLERANCE
 
@@ -117,6 +124,20 @@ def test_a_vision_language_prompt_generates_with_its_grid_positions_and_precompu
     model = ClassContext(select("Qwen2VLForConditionalGeneration")[0]).prepare()
     prompt = generation_prompt(model.model, model.inputs["A"])
     assert prompt["position_ids"].dim() == 3 and "image_cu_seqlens" in prompt
+    expected = eager_generate(model.model, prompt, NEW_TOKENS)
+    generated = export_for_generation(model.model, prompt, "dynamo").generate(prompt, NEW_TOKENS)
+    comparison = compare_generation(expected, generated, TOLERANCE["dynamo"], TOLERANCE["dynamo"])
+    assert comparison.ok and comparison.tokens_equal, comparison.message
+
+
+def test_positions_a_model_drops_when_it_prepares_a_step_are_not_fed():
+    """Kosmos-2.5 counts its positions from its padding index and drops the ones generate() would pass."""
+    from harness.cells import ClassContext
+    from harness.models import select
+
+    model = ClassContext(select("Kosmos2_5ForConditionalGeneration")[0]).prepare()
+    prompt = generation_prompt(model.model, model.inputs["A"])
+    assert not takes_positions(model.model, prompt)
     expected = eager_generate(model.model, prompt, NEW_TOKENS)
     generated = export_for_generation(model.model, prompt, "dynamo").generate(prompt, NEW_TOKENS)
     comparison = compare_generation(expected, generated, TOLERANCE["dynamo"], TOLERANCE["dynamo"])
