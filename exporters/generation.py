@@ -116,14 +116,14 @@ class Generator:
     """A prefill and a decode program of one backend, and how to feed one step's outputs to the next."""
 
     def __init__(self, prefill: Exported, decode: Exported, encoder_decoder: bool, static_cache: dict | None,
-                 decoder_start: int | None, positions: bool = False, cache: str = CACHE,
+                 decoder_start: int | None, positions: bool = False, cache: str | None = CACHE,
                  encoder_input: str = ENCODER_TUPLE_INPUT):  # fmt: skip
         self.prefill, self.decode = prefill, decode
         self.encoder_decoder = encoder_decoder
         self.static_cache = static_cache  # zero cache tensors by name, for a StaticCache prefill
         self.decoder_start = decoder_start
         self.positions = positions  # position_ids are an input, as generate() passes them
-        self.cache = cache  # the name the cache travels under
+        self.cache = cache  # the name the cache travels under; None: the model keeps none, each step reads it all
         self.encoder_input = encoder_input  # the name the encoder's states go in under
 
     @property
@@ -159,6 +159,10 @@ class Generator:
             generated.tokens = torch.cat([generated.tokens, token], dim=1)
             if step == max_new_tokens - 1:
                 break
+            if self.cache is None:  # the whole sequence again, one token longer
+                named = grown_sequence(named, token)
+                outputs = self.decode.run_named(named)
+                continue
             named = {name: value for name, value in outputs.items() if name.startswith(self.cache + ".")}
             name = "decoder_input_ids" if self.encoder_decoder else "input_ids"
             named[name] = token
@@ -181,6 +185,25 @@ class Generator:
             if self.encoder_decoder:
                 outputs = {**outputs, ENCODER_STATES: encoder_states}
         return generated
+
+
+def grown_sequence(named: dict[str, torch.Tensor], token: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A decoder-only step's inputs one token longer, as generate() feeds a model that keeps no cache."""
+    grown = {**named, "input_ids": torch.cat([named["input_ids"], token], dim=1)}
+    if "attention_mask" in named:
+        mask = named["attention_mask"]
+        grown["attention_mask"] = torch.cat([mask, torch.ones_like(mask[:, -1:])], dim=1)
+    for name, value in next_token_inputs(named).items():
+        grown[name] = torch.cat([named[name], value], dim=-1)
+    return grown
+
+
+def _sequence_axes(prompt: dict[str, Any]) -> dict[str, Any]:
+    """``Dim.AUTO`` on the last axis of every input as long as the prompt (the sequence a cacheless step re-reads)."""
+    length = prompt["input_ids"].shape[-1]
+    return {name: {value.dim() - 1: torch.export.Dim.AUTO}
+            if isinstance(value, torch.Tensor) and value.dim() and value.shape[-1] == length and name != "pixel_values" else None
+            for name, value in prompt.items()}  # fmt: skip
 
 
 def decoder_start_token(config) -> int | None:
@@ -229,14 +252,20 @@ def export_for_generation(
             tensor.zero_()
         static_cache = {f"{CACHE}.{name}": tensor for name, tensor in named_leaves(empty).items()}
         prefill_inputs.update(past_key_values=empty, cache_position=torch.arange(prompt["input_ids"].shape[1]))
+    with torch.no_grad():  # the decode step's example inputs come from one eager prefill
+        first = model(**copy.deepcopy(prefill_inputs))
+    cache_input = cache_name(model)
+    if getattr(first, cache_input, None) is None and not encoder_decoder and cache == "dynamic":
+        # no cache to return (GPT-1, BERT as a decoder): generate() re-reads the sequence at every step, and so does
+        # one program whose sequence axis is dynamic
+        exporter, config = exporter_for(backend, dynamic=True, dynamic_shapes=_sequence_axes(prompt))
+        program = exporter.export(model, copy.deepcopy(prompt), config)
+        return Generator(program, program, False, None, start, positions, cache=None)
     exporter, config = exporter_for(backend)
     prefill = exporter.export(model, copy.deepcopy(prefill_inputs), config)
 
-    # ── decode step: its example inputs come from one eager prefill ──
-    with torch.no_grad():
-        first = model(**copy.deepcopy(prefill_inputs))
+    # ── decode step ──
     token = first.logits[:, -1:].argmax(dim=-1)
-    cache_input = cache_name(model)
     decode_inputs: dict[str, Any] = {cache_input: getattr(first, cache_input), "use_cache": True}
     if encoder_decoder:
         states = first.encoder_last_hidden_state

@@ -130,6 +130,23 @@ def test_a_vision_language_prompt_generates_with_its_grid_positions_and_precompu
     assert comparison.ok and comparison.tokens_equal, comparison.message
 
 
+@pytest.mark.parametrize("backend", ["dynamo", "onnx"])
+def test_a_model_that_keeps_no_cache_generates_through_one_program_over_the_grown_sequence(backend):
+    """GPT-1 returns no cache: generate() re-reads the whole sequence at each step, and so does the loop, through one
+    program whose sequence axis is dynamic."""
+    from harness.cells import ClassContext
+    from harness.models import select
+
+    model = ClassContext(select("OpenAIGPTLMHeadModel")[0]).prepare()
+    prompt = generation_prompt(model.model, model.inputs["A"])
+    expected = eager_generate(model.model, prompt, NEW_TOKENS)
+    generator = export_for_generation(model.model, prompt, backend)
+    assert generator.cache is None and generator.prefill is generator.decode
+    generated = generator.generate(prompt, NEW_TOKENS)
+    comparison = compare_generation(expected, generated, TOLERANCE[backend], TOLERANCE[backend])
+    assert comparison.ok and comparison.tokens_equal, comparison.message
+
+
 def test_positions_a_model_drops_when_it_prepares_a_step_are_not_fed():
     """Kosmos-2.5 counts its positions from its padding index and drops the ones generate() would pass."""
     from harness.cells import ClassContext
