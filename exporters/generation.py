@@ -117,7 +117,7 @@ class Generator:
 
     def __init__(self, prefill: Exported, decode: Exported, encoder_decoder: bool, static_cache: dict | None,
                  decoder_start: int | None, positions: bool = False, cache: str | None = CACHE,
-                 encoder_input: str = ENCODER_TUPLE_INPUT):  # fmt: skip
+                 encoder_input: str = ENCODER_TUPLE_INPUT, encoder_extras: list[str] | None = None):  # fmt: skip
         self.prefill, self.decode = prefill, decode
         self.encoder_decoder = encoder_decoder
         self.static_cache = static_cache  # zero cache tensors by name, for a StaticCache prefill
@@ -125,6 +125,7 @@ class Generator:
         self.positions = positions  # position_ids are an input, as generate() passes them
         self.cache = cache  # the name the cache travels under; None: the model keeps none, each step reads it all
         self.encoder_input = encoder_input  # the name the encoder's states go in under
+        self.encoder_extras = encoder_extras or []  # more of the encoder's output: the prefill returns them by name
 
     @property
     def applied(self) -> list[str]:
@@ -150,6 +151,7 @@ class Generator:
             named.update({name: tensor.clone() for name, tensor in self.static_cache.items()})
             named["cache_position"] = torch.arange(named["input_ids"].shape[1])
         outputs = self.prefill.run_named(named)
+        encoder_extras = {name: outputs[name] for name in self.encoder_extras}
         length = named["input_ids"].shape[1] if not self.encoder_decoder else 1
         generated = Generated(torch.empty(batch, 0, dtype=torch.long))
         for step in range(max_new_tokens):
@@ -173,6 +175,7 @@ class Generator:
                 named[self.encoder_input] = outputs.get(ENCODER_STATES, named.get(self.encoder_input))
                 if mask is not None:
                     named["attention_mask"] = mask
+                named.update(encoder_extras)
                 encoder_states = named[self.encoder_input]
             elif self.static_cache is None and mask is not None and self.cache == CACHE:
                 # a static cache masks by cache_position; a state-space step reads no mask (generate() drops it)
@@ -261,25 +264,20 @@ def export_for_generation(
         exporter, config = exporter_for(backend, dynamic=True, dynamic_shapes=_sequence_axes(prompt))
         program = exporter.export(model, copy.deepcopy(prompt), config)
         return Generator(program, program, False, None, start, positions, cache=None)
-    exporter, config = exporter_for(backend)
-    prefill = exporter.export(model, copy.deepcopy(prefill_inputs), config)
-
-    # ── decode step ──
+    # ── decode step: its example inputs come first, as they say what the prefill must return ──
     token = first.logits[:, -1:].argmax(dim=-1)
     decode_inputs: dict[str, Any] = {cache_input: getattr(first, cache_input), "use_cache": True}
+    extras: list[str] = []  # what of the encoder's output, besides its states, the decode step reads
     if encoder_decoder:
-        states = first.encoder_last_hidden_state
-        decode_inputs.update(decoder_input_ids=token, encoder_outputs=(states,))
+        decode_inputs["decoder_input_ids"] = token
         if "attention_mask" in prompt:
             decode_inputs["attention_mask"] = prompt["attention_mask"]
         # one more eager step: a self-attention cache of length 1 would be specialised to 1 by the trace
-        with torch.no_grad():
-            try:  # a tuple, which models turn into their own output class (NLLB-MoE's carries router logits)
-                second = model(**copy.deepcopy(decode_inputs))
-            except AttributeError:  # a decoder that reads encoder_outputs.last_hidden_state itself (Florence-2)
-                decode_inputs["encoder_outputs"] = encoder_output(states)
-                second = model(**copy.deepcopy(decode_inputs))
+        second = _second_step(model, prompt, first.encoder_last_hidden_state, decode_inputs)
         decode_inputs.update({CACHE: second.past_key_values, "decoder_input_ids": second.logits[:, -1:].argmax(dim=-1)})
+        if not isinstance(decode_inputs["encoder_outputs"], tuple):
+            extras = [f"encoder_outputs.{name}" for name in named_leaves(decode_inputs["encoder_outputs"])
+                      if name != "last_hidden_state"]  # fmt: skip
     else:
         decode_inputs["input_ids"] = token
         decode_inputs.update(next_token_inputs(prompt))
@@ -299,14 +297,64 @@ def export_for_generation(
         for name, value in decode_inputs.items():
             if name != cache_input and isinstance(value, torch.Tensor):
                 shapes[name] = {1: torch.export.Dim.AUTO} if name == "attention_mask" and not encoder_decoder else None
-            elif name == "encoder_outputs":
-                shapes[name] = (None,) if isinstance(value, tuple) else [None]  # a ModelOutput flattens to a list
+            elif name == "encoder_outputs":  # a ModelOutput flattens to a list
+                shapes[name] = (None,) if isinstance(value, tuple) else [None] * len(value)
         exporter, config = exporter_for(backend, dynamic=True, dynamic_shapes=shapes)
     with _seen_tokens_read_from_the_mask(model, sliding=cache == "dynamic" and not encoder_decoder):
         decode = exporter.export(model, copy.deepcopy(decode_inputs), config)
+    prefill_exporter, prefill_config = exporter_for(backend)
+    with _encoder_fields_returned(model, extras):
+        prefill = prefill_exporter.export(model, copy.deepcopy(prefill_inputs), prefill_config)
     as_output = encoder_decoder and not isinstance(decode_inputs["encoder_outputs"], tuple)
     encoder_input = ENCODER_OUTPUT_INPUT if as_output else ENCODER_TUPLE_INPUT
-    return Generator(prefill, decode, encoder_decoder, static_cache, start, positions, cache_input, encoder_input)
+    return Generator(prefill, decode, encoder_decoder, static_cache, start, positions, cache_input, encoder_input,
+                     extras)  # fmt: skip
+
+
+def _second_step(model: torch.nn.Module, prompt: dict[str, Any], states: torch.Tensor, decode_inputs: dict) -> Any:
+    """The second decoder step in eager, ``decode_inputs["encoder_outputs"]`` set to the simplest form the decoder
+    takes: a tuple (models turn it into their own output class), a ``BaseModelOutput`` (Florence-2 reads
+    ``.last_hidden_state`` itself), or the encoder's own output (Moonshine and Canary read the mask their encoder
+    downsampled, NLLB-MoE its router logits)."""
+
+    def forms():
+        yield (states,)
+        yield encoder_output(states)
+        with torch.no_grad():
+            yield model.get_encoder()(**prompt)
+
+    error: AttributeError | None = None
+    with torch.no_grad():
+        for encoded in forms():
+            decode_inputs["encoder_outputs"] = encoded
+            try:
+                return model(**copy.deepcopy(decode_inputs))
+            except AttributeError as caught:
+                error = caught
+    raise error
+
+
+@contextlib.contextmanager
+def _encoder_fields_returned(model: torch.nn.Module, extras: list[str]):
+    """While the prefill is traced, its outputs also hold the encoder's output fields named in ``extras``
+    (``encoder_outputs.attention_mask``), which the decode step reads and the model's own output drops."""
+    if not extras:
+        yield
+        return
+    captured: dict = {}
+
+    def keep(_module, _args, output):
+        captured.update(named_leaves(output))
+
+    def add(_module, _args, output):
+        return {**dict(output), **{name: captured[name.split(".", 1)[1]] for name in extras}}
+
+    handles = [model.get_encoder().register_forward_hook(keep), model.register_forward_hook(add)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 @contextlib.contextmanager
