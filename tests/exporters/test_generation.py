@@ -147,6 +147,23 @@ def test_a_model_that_keeps_no_cache_generates_through_one_program_over_the_grow
     assert comparison.ok and comparison.tokens_equal, comparison.message
 
 
+def test_an_encoder_decoder_reading_its_encoders_downsampled_mask_gets_it_from_the_prefill():
+    """Moonshine's decoder reads ``encoder_outputs.attention_mask``, the mask its encoder downsampled, which the
+    model's own output drops: the prefill returns it, and every decode step takes it beside the states."""
+    from harness.cells import ClassContext
+    from harness.models import select
+
+    model = ClassContext(select("MoonshineForConditionalGeneration")[0]).prepare()
+    prompt = generation_prompt(model.model, model.inputs["A"])
+    expected = eager_generate(model.model, prompt, NEW_TOKENS)
+    generator = export_for_generation(model.model, prompt, "dynamo")
+    assert generator.encoder_extras == ["encoder_outputs.attention_mask"]
+    assert "encoder_outputs.attention_mask" in generator.prefill.output_names
+    generated = generator.generate(prompt, NEW_TOKENS)
+    comparison = compare_generation(expected, generated, TOLERANCE["dynamo"], TOLERANCE["dynamo"])
+    assert comparison.ok and comparison.tokens_equal, comparison.message
+
+
 def test_positions_a_model_drops_when_it_prepares_a_step_are_not_fed():
     """Kosmos-2.5 counts its positions from its padding index and drops the ones generate() would pass."""
     from harness.cells import ClassContext
