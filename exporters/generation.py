@@ -117,7 +117,8 @@ class Generator:
 
     def __init__(self, prefill: Exported, decode: Exported, encoder_decoder: bool, static_cache: dict | None,
                  decoder_start: int | None, positions: bool = False, cache: str | None = CACHE,
-                 encoder_input: str = ENCODER_TUPLE_INPUT, encoder_extras: list[str] | None = None):  # fmt: skip
+                 encoder_input: str = ENCODER_TUPLE_INPUT, encoder_extras: list[str] | None = None,
+                 carried: dict[str, str] | None = None):  # fmt: skip
         self.prefill, self.decode = prefill, decode
         self.encoder_decoder = encoder_decoder
         self.static_cache = static_cache  # zero cache tensors by name, for a StaticCache prefill
@@ -126,6 +127,7 @@ class Generator:
         self.cache = cache  # the name the cache travels under; None: the model keeps none, each step reads it all
         self.encoder_input = encoder_input  # the name the encoder's states go in under
         self.encoder_extras = encoder_extras or []  # more of the encoder's output: the prefill returns them by name
+        self.carried = carried or {}  # prompt inputs every decode step takes again: see `carried_inputs`
 
     @property
     def applied(self) -> list[str]:
@@ -152,6 +154,7 @@ class Generator:
             named["cache_position"] = torch.arange(named["input_ids"].shape[1])
         outputs = self.prefill.run_named(named)
         encoder_extras = {name: outputs[name] for name in self.encoder_extras}
+        carried = carried_values(self.carried, named, outputs)
         length = named["input_ids"].shape[1] if not self.encoder_decoder else 1
         generated = Generated(torch.empty(batch, 0, dtype=torch.long))
         for step in range(max_new_tokens):
@@ -171,6 +174,7 @@ class Generator:
             if not self.encoder_decoder:
                 per_token = next_token_inputs(per_token)
                 named.update(per_token)
+                named.update(carried)
             if self.encoder_decoder:
                 named[self.encoder_input] = outputs.get(ENCODER_STATES, named.get(self.encoder_input))
                 if mask is not None:
@@ -268,6 +272,7 @@ def export_for_generation(
     token = first.logits[:, -1:].argmax(dim=-1)
     decode_inputs: dict[str, Any] = {cache_input: getattr(first, cache_input), "use_cache": True}
     extras: list[str] = []  # what of the encoder's output, besides its states, the decode step reads
+    carried: dict[str, str] = {}
     if encoder_decoder:
         decode_inputs["decoder_input_ids"] = token
         if "attention_mask" in prompt:
@@ -285,6 +290,8 @@ def export_for_generation(
             decode_inputs["attention_mask"] = torch.cat(
                 [prompt["attention_mask"], torch.ones(batch, 1, dtype=prompt["attention_mask"].dtype)], dim=1
             )
+        carried = carried_inputs(model, prompt, first, token)
+        decode_inputs.update(carried_values(carried, prompt, named_leaves(first)))
     # trace with the layout the loop feeds back: contiguous (a model may return its cache as transposed views)
     decode_inputs[cache_input] = torch.utils._pytree.tree_map_only(
         torch.Tensor, torch.Tensor.contiguous, decode_inputs[cache_input]
@@ -308,7 +315,51 @@ def export_for_generation(
     as_output = encoder_decoder and not isinstance(decode_inputs["encoder_outputs"], tuple)
     encoder_input = ENCODER_OUTPUT_INPUT if as_output else ENCODER_TUPLE_INPUT
     return Generator(prefill, decode, encoder_decoder, static_cache, start, positions, cache_input, encoder_input,
-                     extras)  # fmt: skip
+                     extras, carried)  # fmt: skip
+
+
+_STEP_INPUTS = {"input_ids", "attention_mask", "position_ids", "token_type_ids", CACHE, STATE_SPACE_CACHE,
+                "cache_position", "use_cache", "inputs_embeds"}  # fmt: skip
+
+
+def carried_inputs(model: torch.nn.Module, prompt: dict[str, Any], first: Any, token: torch.Tensor) -> dict[str, str]:
+    """``name -> "whole" | "last" | "output:<name>"``: the other inputs generate() hands every decode step, as the
+    model's own ``_update_model_kwargs_for_generation`` and ``prepare_inputs_for_generation`` make them for the first
+    one: a prompt input whole (X-MOD's language ids) or at its last position (Mllama's cross-attention mask, a row
+    per token), or an output of the prefill (IDEFICS's image states)."""
+    kwargs = {name: value for name, value in prompt.items() if name != "input_ids"}
+    try:
+        kwargs = model._update_model_kwargs_for_generation(first, {**kwargs, "use_cache": True}, is_encoder_decoder=False)
+        step = model.prepare_inputs_for_generation(torch.cat([prompt["input_ids"], token], dim=1), **kwargs, next_sequence_length=1)
+    except Exception:  # a preparation that needs more than this: nothing carried
+        return {}
+    def same(a, b):
+        return isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+
+    outputs = {name: value for name, value in named_leaves(first).items() if not name.startswith((CACHE, "logits"))}
+    carried = {}
+    for name, value in step.items():
+        given = prompt.get(name)
+        if name in _STEP_INPUTS or not isinstance(value, torch.Tensor):
+            continue
+        if same(value, given):
+            carried[name] = "whole"
+        elif isinstance(given, torch.Tensor) and given.dim() > 1 and same(value, given[:, -1:]):
+            carried[name] = "last"
+        else:
+            carried.update({name: f"output:{output}" for output, state in outputs.items() if same(value, state)})
+    return carried
+
+
+def carried_values(carried: dict[str, str], prompt: dict[str, Any], outputs: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The values of ``carried_inputs``, from the prompt and the prefill's ``outputs``."""
+    values = {}
+    for name, how in carried.items():
+        if how.startswith("output:"):
+            values[name] = outputs[how.removeprefix("output:")]
+        else:
+            values[name] = prompt[name] if how == "whole" else prompt[name][:, -1:]
+    return values
 
 
 def _second_step(model: torch.nn.Module, prompt: dict[str, Any], states: torch.Tensor, decode_inputs: dict) -> Any:

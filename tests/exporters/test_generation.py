@@ -164,6 +164,27 @@ def test_an_encoder_decoder_reading_its_encoders_downsampled_mask_gets_it_from_t
     assert comparison.ok and comparison.tokens_equal, comparison.message
 
 
+@pytest.mark.parametrize("model_name, name, how", [
+    ("XmodForCausalLM", "lang_ids", "whole"),
+    ("MllamaForConditionalGeneration", "cross_attention_mask", "last"),
+    ("IdeficsForVisionText2Text", "image_encoder_embeddings", "output:image_hidden_states"),
+])  # fmt: skip
+def test_what_generate_hands_every_decode_step_is_carried_into_the_decode_program(model_name, name, how):
+    """Without it X-MOD's decode step had no language and IDEFICS's no image (both failed to export), and Mllama's
+    token attended every tile, padding too (its logits drifted by 1.5e-4)."""
+    from harness.cells import ClassContext
+    from harness.models import select
+
+    model = ClassContext(select(model_name)[0]).prepare()
+    prompt = generation_prompt(model.model, model.inputs["A"])
+    expected = eager_generate(model.model, prompt, NEW_TOKENS)
+    generator = export_for_generation(model.model, prompt, "dynamo")
+    assert generator.carried.get(name) == how
+    generated = generator.generate(prompt, NEW_TOKENS)
+    comparison = compare_generation(expected, generated, TOLERANCE["dynamo"], TOLERANCE["dynamo"])
+    assert comparison.ok and comparison.tokens_equal, comparison.message
+
+
 def test_positions_a_model_drops_when_it_prepares_a_step_are_not_fed():
     """Kosmos-2.5 counts its positions from its padding index and drops the ones generate() would pass."""
     from harness.cells import ClassContext
