@@ -114,54 +114,47 @@ def test_the_prompt_loses_what_generate_drops_before_the_first_step(tiny):
     assert sorted(generation_prompt(gptj.model, gptj.inputs["A"])) == ["attention_mask", "input_ids", "token_type_ids"]
 
 
+def _sweep_class(name):
+    """The sweep's own tiny model of a class and its prompt (the tiny config and inputs of `harness`)."""
+    from harness.cells import ClassContext
+    from harness.models import select
+
+    context = ClassContext(select(name)[0]).prepare()
+    return context.model, generation_prompt(context.model, context.inputs["A"])
+
+
+def _generates_like_eager(model, prompt, backend="dynamo"):
+    """Exports ``model`` for generation, asserts its tokens are eager greedy's, and returns the generator."""
+    expected = eager_generate(model, prompt, NEW_TOKENS)
+    generator = export_for_generation(model, prompt, backend)
+    comparison = compare_generation(expected, generator.generate(prompt, NEW_TOKENS), TOLERANCE[backend], TOLERANCE[backend])
+    assert comparison.ok and comparison.tokens_equal, comparison.message
+    return generator
+
+
 def test_a_vision_language_prompt_generates_with_its_grid_positions_and_precomputed_tower_inputs():
     """Qwen2-VL's prompt (the sweep's) carries its 3-D rotary positions and the tower's precomputed kwargs
     (``image_cu_seqlens``), which generate() refuses by name: eager computes those itself, and each decode step is
     one past the grid's furthest position."""
-    from harness.cells import ClassContext
-    from harness.models import select
-
-    model = ClassContext(select("Qwen2VLForConditionalGeneration")[0]).prepare()
-    prompt = generation_prompt(model.model, model.inputs["A"])
+    model, prompt = _sweep_class("Qwen2VLForConditionalGeneration")
     assert prompt["position_ids"].dim() == 3 and "image_cu_seqlens" in prompt
-    expected = eager_generate(model.model, prompt, NEW_TOKENS)
-    generated = export_for_generation(model.model, prompt, "dynamo").generate(prompt, NEW_TOKENS)
-    comparison = compare_generation(expected, generated, TOLERANCE["dynamo"], TOLERANCE["dynamo"])
-    assert comparison.ok and comparison.tokens_equal, comparison.message
+    _generates_like_eager(model, prompt)
 
 
 @pytest.mark.parametrize("backend", ["dynamo", "onnx"])
 def test_a_model_that_keeps_no_cache_generates_through_one_program_over_the_grown_sequence(backend):
     """GPT-1 returns no cache: generate() re-reads the whole sequence at each step, and so does the loop, through one
     program whose sequence axis is dynamic."""
-    from harness.cells import ClassContext
-    from harness.models import select
-
-    model = ClassContext(select("OpenAIGPTLMHeadModel")[0]).prepare()
-    prompt = generation_prompt(model.model, model.inputs["A"])
-    expected = eager_generate(model.model, prompt, NEW_TOKENS)
-    generator = export_for_generation(model.model, prompt, backend)
+    generator = _generates_like_eager(*_sweep_class("OpenAIGPTLMHeadModel"), backend)
     assert generator.cache is None and generator.prefill is generator.decode
-    generated = generator.generate(prompt, NEW_TOKENS)
-    comparison = compare_generation(expected, generated, TOLERANCE[backend], TOLERANCE[backend])
-    assert comparison.ok and comparison.tokens_equal, comparison.message
 
 
 def test_an_encoder_decoder_reading_its_encoders_downsampled_mask_gets_it_from_the_prefill():
     """Moonshine's decoder reads ``encoder_outputs.attention_mask``, the mask its encoder downsampled, which the
     model's own output drops: the prefill returns it, and every decode step takes it beside the states."""
-    from harness.cells import ClassContext
-    from harness.models import select
-
-    model = ClassContext(select("MoonshineForConditionalGeneration")[0]).prepare()
-    prompt = generation_prompt(model.model, model.inputs["A"])
-    expected = eager_generate(model.model, prompt, NEW_TOKENS)
-    generator = export_for_generation(model.model, prompt, "dynamo")
+    generator = _generates_like_eager(*_sweep_class("MoonshineForConditionalGeneration"))
     assert generator.encoder_extras == ["encoder_outputs.attention_mask"]
     assert "encoder_outputs.attention_mask" in generator.prefill.output_names
-    generated = generator.generate(prompt, NEW_TOKENS)
-    comparison = compare_generation(expected, generated, TOLERANCE["dynamo"], TOLERANCE["dynamo"])
-    assert comparison.ok and comparison.tokens_equal, comparison.message
 
 
 @pytest.mark.parametrize("model_name, name, how", [
@@ -172,46 +165,22 @@ def test_an_encoder_decoder_reading_its_encoders_downsampled_mask_gets_it_from_t
 def test_what_generate_hands_every_decode_step_is_carried_into_the_decode_program(model_name, name, how):
     """Without it X-MOD's decode step had no language and IDEFICS's no image (both failed to export), and Mllama's
     token attended every tile, padding too (its logits drifted by 1.5e-4)."""
-    from harness.cells import ClassContext
-    from harness.models import select
-
-    model = ClassContext(select(model_name)[0]).prepare()
-    prompt = generation_prompt(model.model, model.inputs["A"])
-    expected = eager_generate(model.model, prompt, NEW_TOKENS)
-    generator = export_for_generation(model.model, prompt, "dynamo")
+    generator = _generates_like_eager(*_sweep_class(model_name))
     assert generator.carried.get(name) == how
-    generated = generator.generate(prompt, NEW_TOKENS)
-    comparison = compare_generation(expected, generated, TOLERANCE["dynamo"], TOLERANCE["dynamo"])
-    assert comparison.ok and comparison.tokens_equal, comparison.message
 
 
 def test_positions_a_model_drops_when_it_prepares_a_step_are_not_fed():
     """Kosmos-2.5 counts its positions from its padding index and drops the ones generate() would pass."""
-    from harness.cells import ClassContext
-    from harness.models import select
-
-    model = ClassContext(select("Kosmos2_5ForConditionalGeneration")[0]).prepare()
-    prompt = generation_prompt(model.model, model.inputs["A"])
-    assert not takes_positions(model.model, prompt)
-    expected = eager_generate(model.model, prompt, NEW_TOKENS)
-    generated = export_for_generation(model.model, prompt, "dynamo").generate(prompt, NEW_TOKENS)
-    comparison = compare_generation(expected, generated, TOLERANCE["dynamo"], TOLERANCE["dynamo"])
-    assert comparison.ok and comparison.tokens_equal, comparison.message
+    model, prompt = _sweep_class("Kosmos2_5ForConditionalGeneration")
+    assert not takes_positions(model, prompt)
+    _generates_like_eager(model, prompt)
 
 
 @pytest.mark.parametrize("backend", ["dynamo", "executorch"])
 def test_a_chunked_attention_decode_program_counts_the_tokens_it_has_seen_from_the_mask(backend):
     """Llama 4's chunked layers count seen tokens in a Python int: traced as such, the decode program only ran the
     traced step (a guard on the mask's length failed at the next)."""
-    from harness.cells import ClassContext
-    from harness.models import select
-
-    model = ClassContext(select("Llama4ForCausalLM")[0]).prepare()
-    prompt = generation_prompt(model.model, model.inputs["A"])
-    expected = eager_generate(model.model, prompt, NEW_TOKENS)
-    generated = export_for_generation(model.model, prompt, backend).generate(prompt, NEW_TOKENS)
-    comparison = compare_generation(expected, generated, TOLERANCE[backend], TOLERANCE[backend])
-    assert comparison.ok and comparison.tokens_equal, comparison.message
+    _generates_like_eager(*_sweep_class("Llama4ForCausalLM"), backend)
 
 
 @pytest.mark.parametrize("backend", ["dynamo", "onnx"])
