@@ -246,6 +246,10 @@ def export_for_generation(
 
     # ── prefill ──
     prefill_inputs = {**prompt, "use_cache": True}
+    if encoder_decoder and getattr(model.config, "use_cache", False):
+        # the decoder caches by its config; a forward that hands its kwargs to the encoder too (Switch Transformers)
+        # would have the encoder refuse the flag, which generate() never passes it (it runs the encoder apart)
+        del prefill_inputs["use_cache"]
     static_cache = None
     if encoder_decoder:
         prefill_inputs["decoder_input_ids"] = torch.full((batch, 1), start, dtype=torch.long)
