@@ -118,7 +118,7 @@ class Generator:
     def __init__(self, prefill: Exported, decode: Exported, encoder_decoder: bool, static_cache: dict | None,
                  decoder_start: int | None, positions: bool = False, cache: str | None = CACHE,
                  encoder_input: str = ENCODER_TUPLE_INPUT, encoder_extras: list[str] | None = None,
-                 carried: dict[str, str] | None = None):  # fmt: skip
+                 carried: dict[str, str] | None = None, tokens_to_decoder: bool = False):  # fmt: skip
         self.prefill, self.decode = prefill, decode
         self.encoder_decoder = encoder_decoder
         self.static_cache = static_cache  # zero cache tensors by name, for a StaticCache prefill
@@ -128,6 +128,7 @@ class Generator:
         self.encoder_input = encoder_input  # the name the encoder's states go in under
         self.encoder_extras = encoder_extras or []  # more of the encoder's output: the prefill returns them by name
         self.carried = carried or {}  # prompt inputs every decode step takes again: see `carried_inputs`
+        self.tokens_to_decoder = tokens_to_decoder  # the prompt's tokens open the decoder's: see `decoder_prompt`
 
     @property
     def applied(self) -> list[str]:
@@ -147,7 +148,9 @@ class Generator:
         named = dict(named_leaves(prompt))
         per_token = {name: named[name] for name in ("position_ids", "token_type_ids") if name in named}
         if self.encoder_decoder:
-            named["decoder_input_ids"] = torch.full((batch, 1), self.decoder_start, dtype=torch.long)
+            named["decoder_input_ids"] = decoder_prompt(prompt, self.decoder_start, self.tokens_to_decoder)
+            if self.tokens_to_decoder:
+                del named["input_ids"]
         mask = named.get("attention_mask")
         if self.static_cache is not None:
             named.update({name: tensor.clone() for name, tensor in self.static_cache.items()})
@@ -213,6 +216,14 @@ def _sequence_axes(prompt: dict[str, Any]) -> dict[str, Any]:
             for name, value in prompt.items()}  # fmt: skip
 
 
+def decoder_prompt(prompt: dict[str, Any], start: int, tokens_to_decoder: bool) -> torch.Tensor:
+    """An encoder-decoder's first decoder tokens: the start token, then, for a model whose encoder reads another
+    modality (PP-FormulaNet's image), the prompt's tokens, which generate() hands the decoder."""
+    batch = next(iter(named_leaves(prompt).values())).shape[0]
+    first = torch.full((batch, 1), start, dtype=torch.long)
+    return torch.cat([first, prompt["input_ids"]], dim=1) if tokens_to_decoder else first
+
+
 def decoder_start_token(config) -> int | None:
     for candidate in (config, getattr(config, "decoder", None), getattr(config, "text_config", None)):
         value = getattr(candidate, "decoder_start_token_id", None) if candidate is not None else None
@@ -243,6 +254,7 @@ def export_for_generation(
         prompt = with_positions(prompt)
     batch = next(iter(named_leaves(prompt).values())).shape[0]
     start = decoder_start_token(model.config)
+    tokens_to_decoder = encoder_decoder and "input_ids" in prompt and model.main_input_name != "input_ids"
 
     # ── prefill ──
     prefill_inputs = {**prompt, "use_cache": True}
@@ -252,7 +264,9 @@ def export_for_generation(
         del prefill_inputs["use_cache"]
     static_cache = None
     if encoder_decoder:
-        prefill_inputs["decoder_input_ids"] = torch.full((batch, 1), start, dtype=torch.long)
+        prefill_inputs["decoder_input_ids"] = decoder_prompt(prompt, start, tokens_to_decoder)
+        if tokens_to_decoder:
+            del prefill_inputs["input_ids"]
     elif cache == "static":
         from transformers.cache_utils import StaticCache
 
@@ -319,7 +333,7 @@ def export_for_generation(
     as_output = encoder_decoder and not isinstance(decode_inputs["encoder_outputs"], tuple)
     encoder_input = ENCODER_OUTPUT_INPUT if as_output else ENCODER_TUPLE_INPUT
     return Generator(prefill, decode, encoder_decoder, static_cache, start, positions, cache_input, encoder_input,
-                     extras, carried)  # fmt: skip
+                     extras, carried, tokens_to_decoder)  # fmt: skip
 
 
 _STEP_INPUTS = {"input_ids", "attention_mask", "position_ids", "token_type_ids", CACHE, STATE_SPACE_CACHE,

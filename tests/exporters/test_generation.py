@@ -157,6 +157,13 @@ def test_an_encoder_decoder_reading_its_encoders_downsampled_mask_gets_it_from_t
     assert "encoder_outputs.attention_mask" in generator.prefill.output_names
 
 
+def test_an_encoder_decoder_reading_an_image_opens_its_decoder_with_the_prompt_tokens():
+    """PP-FormulaNet's encoder reads the image; generate() hands the prompt's tokens to the decoder, after the start
+    token (the first token differed while the decoder started from the start token alone)."""
+    generator = _generates_like_eager(*_sweep_class("PPFormulaNetForConditionalGeneration"))
+    assert generator.tokens_to_decoder and "input_ids" not in generator.prefill.input_names
+
+
 @pytest.mark.parametrize("model_name, name, how", [
     ("XmodForCausalLM", "lang_ids", "whole"),
     ("MllamaForConditionalGeneration", "cross_attention_mask", "last"),
