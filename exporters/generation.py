@@ -60,12 +60,20 @@ def generation_prompt(model: torch.nn.Module, inputs: dict[str, Any]) -> dict[st
     prompt = {name: value for name, value in inputs.items() if not name.startswith("decoder_")}
     if getattr(model.config, "is_encoder_decoder", False) or "input_ids" not in prompt:
         return prompt
-    rest = {name: value for name, value in prompt.items() if name != "input_ids"}
-    try:
-        passed = model.prepare_inputs_for_generation(prompt["input_ids"], **rest, use_cache=True, is_first_iteration=True)
-    except Exception:  # a model whose preparation needs more than a prompt: keep the prompt whole
+    passed = _first_step_prepared(model, prompt)
+    if passed is None:  # a model whose preparation needs more than a prompt: keep the prompt whole
         return prompt
     return {name: value for name, value in prompt.items() if name == "input_ids" or passed.get(name) is not None}
+
+
+def _first_step_prepared(model: torch.nn.Module, prompt: dict[str, Any]) -> dict[str, Any] | None:
+    """What the model's own ``prepare_inputs_for_generation`` makes of the prompt for generate()'s first step, or
+    None where it needs more than a prompt."""
+    rest = {name: value for name, value in prompt.items() if name != "input_ids"}
+    try:
+        return model.prepare_inputs_for_generation(prompt["input_ids"], **rest, use_cache=True, is_first_iteration=True)
+    except Exception:  # noqa: BLE001 - any model's own code: what it raises is its own
+        return None
 
 
 def with_positions(prompt: dict[str, Any]) -> dict[str, Any]:
@@ -104,12 +112,8 @@ def takes_positions(model: torch.nn.Module, prompt: dict[str, Any]) -> bool:
         return False
     if "input_ids" not in prompt:
         return True
-    rest = {name: value for name, value in with_positions(prompt).items() if name != "input_ids"}
-    try:
-        passed = model.prepare_inputs_for_generation(prompt["input_ids"], **rest, use_cache=True, is_first_iteration=True)
-    except Exception:  # a model whose preparation needs more than a prompt: generate() would pass them
-        return True
-    return passed.get("position_ids") is not None
+    passed = _first_step_prepared(model, with_positions(prompt))
+    return passed is None or passed.get("position_ids") is not None  # unknown: generate() would pass them
 
 
 class Generator:
@@ -209,11 +213,22 @@ def grown_sequence(named: dict[str, torch.Tensor], token: torch.Tensor) -> dict[
 
 
 def _sequence_axes(prompt: dict[str, Any]) -> dict[str, Any]:
-    """``Dim.AUTO`` on the last axis of every input as long as the prompt (the sequence a cacheless step re-reads)."""
+    """``Dim.AUTO`` on the last axis of every per-token input (the sequence a cacheless step re-reads): the integer
+    tensors as long as the prompt (ids, mask, positions, token types). A floating input is a feature map (an image's
+    pixels), whose width may equal the prompt's length by chance."""
     length = prompt["input_ids"].shape[-1]
-    return {name: {value.dim() - 1: torch.export.Dim.AUTO}
-            if isinstance(value, torch.Tensor) and value.dim() and value.shape[-1] == length and name != "pixel_values" else None
-            for name, value in prompt.items()}  # fmt: skip
+
+    def per_token(value: Any) -> bool:
+        return (
+            isinstance(value, torch.Tensor)
+            and value.dim() > 0
+            and value.shape[-1] == length
+            and not value.is_floating_point()
+        )
+
+    return {
+        name: {value.dim() - 1: torch.export.Dim.AUTO} if per_token(value) else None for name, value in prompt.items()
+    }
 
 
 def decoder_prompt(prompt: dict[str, Any], start: int, tokens_to_decoder: bool) -> torch.Tensor:
@@ -272,7 +287,12 @@ def export_for_generation(
 
         empty = StaticCache(config=model.config, max_cache_len=max_cache_len)
         with torch.no_grad():  # a StaticCache allocates its tensors on its first update
-            model(**prompt, past_key_values=empty, use_cache=True, cache_position=torch.arange(prompt["input_ids"].shape[1]))
+            model(
+                **prompt,
+                past_key_values=empty,
+                use_cache=True,
+                cache_position=torch.arange(prompt["input_ids"].shape[1]),
+            )
         for name, tensor in named_leaves(empty).items():
             tensor.zero_()
         static_cache = {f"{CACHE}.{name}": tensor for name, tensor in named_leaves(empty).items()}
@@ -347,10 +367,15 @@ def carried_inputs(model: torch.nn.Module, prompt: dict[str, Any], first: Any, t
     per token), or an output of the prefill (IDEFICS's image states)."""
     kwargs = {name: value for name, value in prompt.items() if name != "input_ids"}
     try:
-        kwargs = model._update_model_kwargs_for_generation(first, {**kwargs, "use_cache": True}, is_encoder_decoder=False)
-        step = model.prepare_inputs_for_generation(torch.cat([prompt["input_ids"], token], dim=1), **kwargs, next_sequence_length=1)
-    except Exception:  # a preparation that needs more than this: nothing carried
+        kwargs = model._update_model_kwargs_for_generation(
+            first, {**kwargs, "use_cache": True}, is_encoder_decoder=False
+        )
+        step = model.prepare_inputs_for_generation(
+            torch.cat([prompt["input_ids"], token], dim=1), **kwargs, next_sequence_length=1
+        )
+    except Exception:  # noqa: BLE001 - a preparation that needs more than this: nothing carried
         return {}
+
     def same(a, b):
         return isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
 
@@ -365,7 +390,9 @@ def carried_inputs(model: torch.nn.Module, prompt: dict[str, Any], first: Any, t
         elif isinstance(given, torch.Tensor) and given.dim() > 1 and same(value, given[:, -1:]):
             carried[name] = "last"
         else:
-            carried.update({name: f"output:{output}" for output, state in outputs.items() if same(value, state)})
+            produced = next((output for output, state in outputs.items() if same(value, state)), None)
+            if produced is not None:
+                carried[name] = f"output:{produced}"
     return carried
 
 
@@ -389,8 +416,7 @@ def _second_step(model: torch.nn.Module, prompt: dict[str, Any], states: torch.T
     def forms():
         yield (states,)
         yield encoder_output(states)
-        with torch.no_grad():
-            yield model.get_encoder()(**prompt)
+        yield model.get_encoder()(**prompt)  # runs under the caller's no_grad: a generator's body runs in next()
 
     error: AttributeError | None = None
     with torch.no_grad():
@@ -404,12 +430,20 @@ def _second_step(model: torch.nn.Module, prompt: dict[str, Any], states: torch.T
 
 
 @contextlib.contextmanager
-def _encoder_fields_returned(model: torch.nn.Module, extras: list[str]):
+def _hooks_held(*handles: torch.utils.hooks.RemovableHandle):
+    """Module hooks on for the block, removed after it however it ends."""
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _encoder_fields_returned(model: torch.nn.Module, extras: list[str]) -> contextlib.AbstractContextManager:
     """While the prefill is traced, its outputs also hold the encoder's output fields named in ``extras``
     (``encoder_outputs.attention_mask``), which the decode step reads and the model's own output drops."""
     if not extras:
-        yield
-        return
+        return contextlib.nullcontext()
     captured: dict = {}
 
     def keep(_module, _args, output):
@@ -418,23 +452,16 @@ def _encoder_fields_returned(model: torch.nn.Module, extras: list[str]):
     def add(_module, _args, output):
         return {**dict(output), **{name: captured[name.split(".", 1)[1]] for name in extras}}
 
-    handles = [model.get_encoder().register_forward_hook(keep), model.register_forward_hook(add)]
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
+    return _hooks_held(model.get_encoder().register_forward_hook(keep), model.register_forward_hook(add))
 
 
-@contextlib.contextmanager
-def _seen_tokens_read_from_the_mask(model: torch.nn.Module, sliding: bool):
+def _seen_tokens_read_from_the_mask(model: torch.nn.Module, sliding: bool) -> contextlib.AbstractContextManager:
     """A sliding-window cache layer counts the tokens it has seen in a Python int (``cumulative_length``), which a
     trace bakes in: the decode program would then size its masks for the traced step only. While the decode step is
     traced, that count is read from the attention mask's length instead (every token seen, and this step's), so it
     stays symbolic; after the step, the layer holds a plain int again, as the cache it returns is rebuilt from."""
     if not sliding:
-        yield
-        return
+        return contextlib.nullcontext()
     counted: list = []
 
     def before(_module, _args, kwargs):
@@ -451,18 +478,15 @@ def _seen_tokens_read_from_the_mask(model: torch.nn.Module, sliding: bool):
             layer.cumulative_length = count
         counted.clear()
 
-    handles = [model.register_forward_pre_hook(before, with_kwargs=True),
-               model.register_forward_hook(after, with_kwargs=True)]  # fmt: skip
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
+    return _hooks_held(model.register_forward_pre_hook(before, with_kwargs=True),
+                       model.register_forward_hook(after, with_kwargs=True))  # fmt: skip
 
 
 def eager_generate(model: torch.nn.Module, inputs: dict[str, Any], max_new_tokens: int) -> Generated:
     """The reference: ``model.generate(do_sample=False)``, never stopping early, with each step's logits."""
-    prompt = _kwargs_generate_takes(model, {name: value for name, value in inputs.items() if not name.startswith("decoder_")})
+    prompt = _kwargs_generate_takes(
+        model, {name: value for name, value in inputs.items() if not name.startswith("decoder_")}
+    )
     config = copy.deepcopy(model.generation_config)
     config.update(do_sample=False, num_beams=1, eos_token_id=None, max_new_tokens=max_new_tokens,
                   min_new_tokens=max_new_tokens, output_logits=True, return_dict_in_generate=True,
