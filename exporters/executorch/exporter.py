@@ -12,8 +12,9 @@ Around ``to_edge_transform_and_lower`` and ``to_executorch``, in five stages, on
    program;
 5. FX node fixes (``node_fixes.py``): ``@register_fx_node_fix("executorch")``, one node at a time.
 
-To-edge then runs without the decompositions that would change nothing (``decompositions.py``: a cost cut, not a
-workaround; results are the same).
+To-edge then runs without the decompositions that would change nothing (``decompositions.py``), and to-edge and
+to-executorch generate the Python code of a graph only when it is used (``exporters/graph_code.py``): cost cuts, not
+workarounds; the programs are the same.
 
 ExecuTorch is imported on first use: it costs seconds, and the other backends do not need it. The artifact,
 ``ExecutorchExported``, is in ``runtime.py``.
@@ -29,6 +30,7 @@ import torch
 from ..dynamo.exporter import DynamoConfig, trace_model
 from ..errors import ExecutorchExportError
 from ..exported import build_metadata
+from ..graph_code import graph_code_on_demand
 from ..registration import (
     EXECUTORCH_BACKENDS,
     apply_fx_node_fixes,
@@ -77,6 +79,7 @@ class ExecutorchExporter:
                     apply_fx_node_fixes("executorch", traced.program.graph_module, log.applied)
                 from executorch.exir import to_edge_transform_and_lower
 
+                active.enter_context(graph_code_on_demand())
                 with log.stage("to-edge"), redundant_decompositions_skipped(traced.program, partitioners):
                     edge = to_edge_transform_and_lower(traced.program, partitioner=partitioners)
                 lowered = edge.exported_program()

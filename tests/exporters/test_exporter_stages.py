@@ -3,6 +3,7 @@ bakes in as constants (sizes in a static export, a cache's numbers), the state c
 ExecuTorch's initial buffer values, the decompositions ExecuTorch's to-edge is spared.
 """
 
+import copy
 from contextlib import nullcontext
 
 import pytest
@@ -128,3 +129,53 @@ def test_executorch_lowers_the_same_program_with_fewer_decompositions(tiny, monk
     assert with_cut.program == without_cut.program
     assert_parity(with_cut(**model.inputs["B" if dynamic else "A"]), model.expected["B" if dynamic else "A"],
                   TOLERANCE["executorch"])  # fmt: skip
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_executorch_lowers_the_same_program_generating_graph_code_only_where_used(tiny, monkeypatch, dynamic):
+    """to-edge and to-executorch make a graph's Python code only when it is called or read, far fewer times than
+    torch.fx's eager default, and serialize the same program byte for byte."""
+    from exporters.executorch.backends import warm_up_xnnpack
+
+    model = tiny("BertModel")
+    warm_up_xnnpack()
+    generated = []
+    python_code = torch.fx.Graph.python_code
+
+    def counted(self, *args, **kwargs):
+        generated.append(1)
+        return python_code(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.fx.Graph, "python_code", counted)
+    with_cut = export_tiny(model, "executorch", dynamic)
+    with_cut_generated = len(generated)
+    monkeypatch.setattr("exporters.executorch.exporter.graph_code_on_demand", nullcontext)
+    generated.clear()
+    without_cut = export_tiny(model, "executorch", dynamic)
+    assert with_cut_generated * 2 < len(generated), (with_cut_generated, len(generated))
+    print(f"graph code generated {with_cut_generated} times, {len(generated)} without the cut")
+    assert with_cut.program == without_cut.program
+    assert_parity(with_cut(**model.inputs["B" if dynamic else "A"]), model.expected["B" if dynamic else "A"],
+                  TOLERANCE["executorch"])  # fmt: skip
+
+
+def test_a_graph_module_made_with_code_on_demand_makes_it_when_called_or_when_its_specs_are_read():
+    from torch.fx._lazy_graph_module import _LazyGraphModule
+
+    from exporters.graph_code import graph_code_on_demand
+
+    class Pair(torch.nn.Module):
+        def forward(self, x):
+            return {"double": x * 2, "next": x + 1}
+
+    unlifted = torch.export.export(Pair(), (torch.ones(3),)).module()  # its graph's code is pytree-aware: it has specs
+    with graph_code_on_demand():
+        called, read = (torch.fx.GraphModule(unlifted, copy.deepcopy(unlifted.graph)) for _ in range(2))
+    for module in (called, read):
+        assert module._needs_recompile()  # nothing generated yet
+    result = called(torch.ones(3))
+    assert not called._needs_recompile() and sorted(result) == ["double", "next"]
+    assert read._out_spec is not None  # a spec torch's lazy module leaves unset until it generates its code
+    assert not read._needs_recompile()
+    assert read._out_spec == unlifted._out_spec and read._in_spec == unlifted._in_spec
+    assert not isinstance(torch.fx.GraphModule(unlifted, unlifted.graph), _LazyGraphModule)  # after: eager again

@@ -1,0 +1,63 @@
+"""Python code of FX graphs generated when used, not at every change: a cost cut of the lowerings, not a workaround.
+
+torch.fx generates and compiles a ``GraphModule``'s Python code whenever its graph is set or ``recompile()`` is
+called, and ExecuTorch's passes and partitioner do so after nearly every step, on graphs that are interpreted, never
+called: about a fifth of a dynamic ``to-edge`` (docs/performance.md). While ``graph_code_on_demand()`` is active, every
+new ``GraphModule`` is torch's own lazy one (``_LazyGraphModule``, which Inductor uses): it generates its code when it
+is first called or its code is read. The programs are the same, byte for byte.
+
+torch's lazy module sets the input and output specs (``_in_spec``, ``_out_spec``) only when it generates its code,
+and ``ExportedProgram.run_decompositions`` reads them from a module it has just built: here reading them generates
+the code first, so they are never stale.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from torch.fx import GraphModule
+from torch.fx._lazy_graph_module import _LazyGraphModule
+
+_SPECS = ("_in_spec", "_out_spec")
+
+
+def _spec_read_after_code(name: str) -> property:
+    def get(module):
+        module.real_recompile()
+        try:
+            return module.__dict__[name]
+        except KeyError:  # a graph without pytree code has none, as with an eager GraphModule
+            raise AttributeError(name) from None
+
+    def set_(module, value):
+        module.__dict__[name] = value
+
+    return property(get, set_)
+
+
+class _CodeOnDemand(_LazyGraphModule):
+    _in_spec = _spec_read_after_code("_in_spec")
+    _out_spec = _spec_read_after_code("_out_spec")
+
+
+def _is_plain_graph_module(cls: type) -> bool:
+    """``GraphModule`` itself, or the per-instance class it makes for each module (``GraphModuleImpl``), not a
+    subclass with its own behaviour."""
+    base = next(t for t in cls.__mro__ if t.__qualname__.rsplit(".", 1)[-1] != "GraphModuleImpl")
+    return base is GraphModule
+
+
+@contextlib.contextmanager
+def graph_code_on_demand() -> Iterator[None]:
+    """While active, a new plain ``GraphModule`` generates its Python code when it is first called or read."""
+    original = GraphModule.__dict__["__new__"]
+
+    def __new__(cls, *args, **kwargs):
+        return original.__func__(_CodeOnDemand if _is_plain_graph_module(cls) else cls, *args, **kwargs)
+
+    GraphModule.__new__ = staticmethod(__new__)
+    try:
+        yield
+    finally:
+        GraphModule.__new__ = original
