@@ -12,7 +12,8 @@ partitioning, XNNPACK preprocessing, verifier, memory planning and emit, seriali
 by its innermost frame (symbolic-shape reasoning, our workarounds, or the libraries). The cells run in this process,
 one after the other (not under the sweep's workers), so the profile sees them whole; a cell is cut at --timeout.
 
-With --compare, every cell runs twice, before and after the to-edge cost cut (`exporters/executorch/decompositions.py`),
+With --compare, every cell runs twice, before and after the lowering's cost cuts (the decompositions that change
+nothing, `exporters/executorch/decompositions.py`; graph code made only when used, `exporters/graph_code.py`),
 in alternating order, each profiled on its own: the two profiles, each cell's status and stage both ways, and the
 to-edge and cell-time ratios, all from one run on one machine.
 """
@@ -37,7 +38,8 @@ from harness.cells import Cell, ClassContext, run_cell  # noqa: E402
 from harness.models import select  # noqa: E402
 from harness.workers import warm_imports  # noqa: E402
 
-THE_CUT = executorch_exporter.redundant_decompositions_skipped
+# the cost cuts --compare switches off for "before", by their names in the exporter's module
+CUTS = {name: getattr(executorch_exporter, name) for name in ("redundant_decompositions_skipped", "graph_code_on_demand")}
 
 # (stage, test on a frame) from the outside in: the first frame of a stack that matches names its stage
 STAGES = [
@@ -99,7 +101,7 @@ def main():
     parser.add_argument("--timeout", type=int, default=600)
     parser.add_argument("--shard", default="1/1", help="i/n: every n-th class of the sample, from the i-th")
     parser.add_argument("--combine", type=Path, nargs="+", help="sum these outputs instead of profiling")
-    parser.add_argument("--compare", action="store_true", help="each cell before and after the to-edge cost cut")
+    parser.add_argument("--compare", action="store_true", help="each cell before and after the lowering's cost cuts")
     parser.add_argument("--out", type=Path, default=Path("bench/profile_executorch.json"))
     args = parser.parse_args()
     if args.combine:
@@ -122,10 +124,8 @@ def main():
     for number, model_class in enumerate(select("all", sample=args.sample, seed=args.seed)[index - 1 :: count]):
         context = ClassContext(model_class).prepare()  # config, build, eager: shared by the class' cells, not profiled
         for shape_mode, variant in itertools.product(args.shapes.split(","), variants[:: 1 - 2 * (number % 2)]):
-            # before: the cut replaced by a context that does nothing
-            executorch_exporter.redundant_decompositions_skipped = (
-                (lambda *_: contextlib.nullcontext()) if variant == "before" else THE_CUT
-            )
+            for name, cut in CUTS.items():  # before: each cut replaced by a context that does nothing
+                setattr(executorch_exporter, name, (lambda *_: contextlib.nullcontext()) if variant == "before" else cut)
             label = f"{shape_mode}, {variant}" if variant else shape_mode
             profiler = Profiler(interval=0.01)
             start = time.perf_counter()
@@ -179,6 +179,7 @@ def print_comparison(cells):
     for shape_mode in ("static", "dynamic"):
         mode_pairs = [pair for pair in pairs if pair["before"]["cell"].endswith(shape_mode)]
         for what, seconds_of in (("to-edge", lambda cell: cell["stages"].get("to-edge", 0.0)),
+                                 ("to-executorch", lambda cell: cell["stages"].get("to-executorch", 0.0)),
                                  ("cell", lambda cell: cell["seconds"])):  # fmt: skip
             before = sum(seconds_of(pair["before"]) for pair in mode_pairs)
             after = sum(seconds_of(pair["after"]) for pair in mode_pairs)
