@@ -6,9 +6,13 @@ called: about a fifth of a dynamic ``to-edge`` (docs/performance.md). While ``gr
 new ``GraphModule`` is torch's own lazy one (``_LazyGraphModule``, which Inductor uses): it generates its code when it
 is first called or its code is read. The programs are the same, byte for byte.
 
-torch's lazy module sets the input and output specs (``_in_spec``, ``_out_spec``) only when it generates its code,
-and ``ExportedProgram.run_decompositions`` reads them from a module it has just built: here reading them generates
-the code first, so they are never stale.
+torch made its lazy module opt-in (pytorch/pytorch#117911) and uses it through ``_make_graph_module``, which
+ExecuTorch does not call (torch's own ``split_module`` moved to it in pytorch/pytorch#177907): ExecuTorch building its
+graph modules that way, under ``_use_lazy_graph_module(True)``, would make this module unneeded.
+
+torch's lazy module sets the input and output specs (``_in_spec``, ``_out_spec``) only when it generates its code
+(torch.export's tracer says so where it reads them): a step that read them from a module it had just built would find
+none or stale ones. Here reading them generates the code first.
 """
 
 from __future__ import annotations
