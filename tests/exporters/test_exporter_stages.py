@@ -1,6 +1,6 @@
 """The exporters' own stages, which no workaround can switch off: the names a program takes and returns, the inputs it
 bakes in as constants (sizes in a static export, a cache's numbers), the state cleanup around the trace,
-ExecuTorch's initial buffer values, the decompositions ExecuTorch's to-edge is spared.
+ExecuTorch's initial buffer values, the work ExecuTorch's lowering is spared (decompositions, graph code).
 """
 
 import copy
@@ -103,59 +103,40 @@ def test_executorch_starts_a_buffer_the_program_updates_from_its_value():
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
-def test_executorch_lowers_the_same_program_with_fewer_decompositions(tiny, monkeypatch, dynamic):
+def test_executorch_lowers_the_same_program_with_its_cost_cuts(tiny, monkeypatch, dynamic):
     """to-edge skips the two of its three re-traces that change nothing (the empty-table pass; the last one, whose
-    table only a dynamic program's size queries use) and serializes the same program byte for byte."""
+    table only a dynamic program's size queries use), to-edge and to-executorch make a graph's Python code only when
+    it is called or read, and the program serialized is the same byte for byte."""
     from torch.export import ExportedProgram
 
     from exporters.executorch.backends import warm_up_xnnpack
 
     model = tiny("BertModel")
     warm_up_xnnpack()  # its first use lowers reference graphs: decompositions that are not the export's
-    retraces = []
-    run_decompositions = ExportedProgram.run_decompositions
+    retraces, generated = [], []
+    run_decompositions, python_code = ExportedProgram.run_decompositions, torch.fx.Graph.python_code
 
-    def counted(self, *args, **kwargs):
+    def counted_retrace(self, *args, **kwargs):
         retraces.append(1)
         return run_decompositions(self, *args, **kwargs)
 
-    monkeypatch.setattr(ExportedProgram, "run_decompositions", counted)
-    with_cut = export_tiny(model, "executorch", dynamic)
-    with_cut_retraces = len(retraces)
-    monkeypatch.setattr("exporters.executorch.exporter.redundant_decompositions_skipped", lambda *_: nullcontext())
-    retraces.clear()
-    without_cut = export_tiny(model, "executorch", dynamic)
-    assert (with_cut_retraces, len(retraces)) == (1, 3)
-    assert with_cut.program == without_cut.program
-    assert_parity(with_cut(**model.inputs["B" if dynamic else "A"]), model.expected["B" if dynamic else "A"],
-                  TOLERANCE["executorch"])  # fmt: skip
-
-
-@pytest.mark.parametrize("dynamic", [False, True])
-def test_executorch_lowers_the_same_program_generating_graph_code_only_where_used(tiny, monkeypatch, dynamic):
-    """to-edge and to-executorch make a graph's Python code only when it is called or read, far fewer times than
-    torch.fx's eager default, and serialize the same program byte for byte."""
-    from exporters.executorch.backends import warm_up_xnnpack
-
-    model = tiny("BertModel")
-    warm_up_xnnpack()
-    generated = []
-    python_code = torch.fx.Graph.python_code
-
-    def counted(self, *args, **kwargs):
+    def counted_code(self, *args, **kwargs):
         generated.append(1)
         return python_code(self, *args, **kwargs)
 
-    monkeypatch.setattr(torch.fx.Graph, "python_code", counted)
-    with_cut = export_tiny(model, "executorch", dynamic)
-    with_cut_generated = len(generated)
+    monkeypatch.setattr(ExportedProgram, "run_decompositions", counted_retrace)
+    monkeypatch.setattr(torch.fx.Graph, "python_code", counted_code)
+    with_cuts = export_tiny(model, "executorch", dynamic)
+    with_cuts_counts = len(retraces), len(generated)
+    monkeypatch.setattr("exporters.executorch.exporter.redundant_decompositions_skipped", lambda *_: nullcontext())
     monkeypatch.setattr("exporters.executorch.exporter.graph_code_on_demand", nullcontext)
+    retraces.clear()
     generated.clear()
-    without_cut = export_tiny(model, "executorch", dynamic)
-    assert with_cut_generated * 2 < len(generated), (with_cut_generated, len(generated))
-    print(f"graph code generated {with_cut_generated} times, {len(generated)} without the cut")
-    assert with_cut.program == without_cut.program
-    assert_parity(with_cut(**model.inputs["B" if dynamic else "A"]), model.expected["B" if dynamic else "A"],
+    without_cuts = export_tiny(model, "executorch", dynamic)
+    assert (with_cuts_counts[0], len(retraces)) == (1, 3)
+    assert with_cuts_counts[1] * 2 < len(generated), (with_cuts_counts[1], len(generated))  # 190 against 3,185
+    assert with_cuts.program == without_cuts.program
+    assert_parity(with_cuts(**model.inputs["B" if dynamic else "A"]), model.expected["B" if dynamic else "A"],
                   TOLERANCE["executorch"])  # fmt: skip
 
 
