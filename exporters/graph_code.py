@@ -23,8 +23,6 @@ from collections.abc import Iterator
 from torch.fx import GraphModule
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
-_SPECS = ("_in_spec", "_out_spec")
-
 
 def _spec_read_after_code(name: str) -> property:
     def get(module):
