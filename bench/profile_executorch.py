@@ -12,10 +12,11 @@ partitioning, XNNPACK preprocessing, verifier, memory planning and emit, seriali
 by its innermost frame (symbolic-shape reasoning, our workarounds, or the libraries). The cells run in this process,
 one after the other (not under the sweep's workers), so the profile sees them whole; a cell is cut at --timeout.
 
-With --compare, every cell runs twice, before and after the lowering's cost cuts (the decompositions that change
-nothing, `exporters/executorch/decompositions.py`; graph code made only when used, `exporters/graph_code.py`),
-in alternating order, each profiled on its own: the two profiles, each cell's status and stage both ways, and the
-to-edge and cell-time ratios, all from one run on one machine.
+With --compare, every cell runs twice, before and after the cost cuts (the decompositions that change nothing,
+`exporters/executorch/decompositions.py`; graph code made only when used, `exporters/graph_code.py`; size
+expressions' facts computed once, `exporters/expression_facts.py`), in alternating order, each profiled on its
+own: the two profiles, each cell's status and stage both ways, and the to-edge and cell-time ratios, all from one
+run on one machine.
 """
 
 from __future__ import annotations
@@ -33,13 +34,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import exporters.executorch.exporter as executorch_exporter  # noqa: E402
-from harness.cells import Cell, ClassContext, run_cell  # noqa: E402
-from harness.models import select  # noqa: E402
-from harness.workers import warm_imports  # noqa: E402
+import exporters.executorch.exporter as executorch_exporter
+from exporters import expression_facts
+from harness.cells import Cell, ClassContext, run_cell
+from harness.models import select
+from harness.workers import warm_imports
 
-# the cost cuts --compare switches off for "before", by their names in the exporter's module
-CUTS = {name: getattr(executorch_exporter, name) for name in ("redundant_decompositions_skipped", "graph_code_on_demand")}
+# the cost cuts --compare switches off for "before", by module and name
+CUTS = {(module, name): getattr(module, name) for module, name in (
+    (executorch_exporter, "redundant_decompositions_skipped"), (executorch_exporter, "graph_code_on_demand"),
+    (expression_facts, "expression_facts_remembered"))}
 
 # (stage, test on a frame) from the outside in: the first frame of a stack that matches names its stage
 STAGES = [
@@ -127,8 +131,8 @@ def main():
     for number, model_class in enumerate(select("all", sample=args.sample, seed=args.seed)[index - 1 :: count]):
         context = ClassContext(model_class).prepare()  # config, build, eager: shared by the class' cells, not profiled
         for shape_mode, variant in itertools.product(args.shapes.split(","), variants[:: 1 - 2 * (number % 2)]):
-            for name, cut in CUTS.items():  # before: each cut replaced by a context that does nothing
-                setattr(executorch_exporter, name, (lambda *_: contextlib.nullcontext()) if variant == "before" else cut)
+            for (module, name), cut in CUTS.items():  # before: each cut replaced by a context that does nothing
+                setattr(module, name, (lambda *_: contextlib.nullcontext()) if variant == "before" else cut)
             label = f"{shape_mode}, {variant}" if variant else shape_mode
             profiler = Profiler(interval=0.01)
             start = time.perf_counter()

@@ -28,6 +28,7 @@ from torch.utils import _pytree
 
 from ..errors import DynamoExportError
 from ..exported import build_metadata
+from ..expression_facts import remembering_expression_facts
 from ..leaves import spec_leaf_names, split_inputs
 from ..pytree import is_flattened_here, register_pytree_nodes
 from ..registration import apply_patches, register_switch
@@ -47,6 +48,7 @@ class DynamoConfig:
 class DynamoExporter:
     """``DynamoExporter().export(model, inputs, DynamoConfig(dynamic=True))`` -> a callable ``DynamoExported``."""
 
+    @remembering_expression_facts
     def export(self, model: torch.nn.Module, inputs: dict[str, Any], config: DynamoConfig | None = None) -> DynamoExported:
         config = config or DynamoConfig()
         log = StageLog(DynamoExportError)

@@ -30,6 +30,7 @@ import torch
 from ..dynamo.exporter import DynamoConfig, trace_model
 from ..errors import ExecutorchExportError
 from ..exported import build_metadata
+from ..expression_facts import remembering_expression_facts
 from ..graph_code import graph_code_on_demand
 from ..registration import (
     EXECUTORCH_BACKENDS,
@@ -52,6 +53,7 @@ class ExecutorchConfig(DynamoConfig):
 class ExecutorchExporter:
     """``ExecutorchExporter().export(model, inputs, ExecutorchConfig())`` -> a callable ``ExecutorchExported``."""
 
+    @remembering_expression_facts
     def export(self, model: torch.nn.Module, inputs: dict, config: ExecutorchConfig | None = None) -> ExecutorchExported:
         config = config or ExecutorchConfig()
         log = StageLog(ExecutorchExportError)

@@ -25,6 +25,7 @@ import torch
 from ..dynamo.exporter import DynamoConfig, trace_model
 from ..errors import OnnxExportError
 from ..exported import build_metadata
+from ..expression_facts import remembering_expression_facts
 from ..registration import ONNX_IR_FIXES, ONNX_TRANSLATIONS, apply_fx_node_fixes, apply_patches, is_backend_internal
 from ..stages import StageLog
 from .runtime import OnnxExported
@@ -40,6 +41,7 @@ class OnnxConfig(DynamoConfig):
 class OnnxExporter:
     """``OnnxExporter().export(model, inputs, OnnxConfig(dynamic=True))`` -> a callable ``OnnxExported``."""
 
+    @remembering_expression_facts
     def export(self, model: torch.nn.Module, inputs: dict, config: OnnxConfig | None = None) -> OnnxExported:
         config = config or OnnxConfig()
         log = StageLog(OnnxExportError)

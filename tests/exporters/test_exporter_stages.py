@@ -1,6 +1,7 @@
 """The exporters' own stages, which no workaround can switch off: the names a program takes and returns, the inputs it
 bakes in as constants (sizes in a static export, a cache's numbers), the state cleanup around the trace,
-ExecuTorch's initial buffer values, the work ExecuTorch's lowering is spared (decompositions, graph code).
+ExecuTorch's initial buffer values, the work ExecuTorch's lowering is spared (decompositions, graph code, size
+expressions' facts).
 """
 
 import copy
@@ -106,7 +107,8 @@ def test_executorch_starts_a_buffer_the_program_updates_from_its_value():
 def test_executorch_lowers_the_same_program_with_its_cost_cuts(tiny, monkeypatch, dynamic):
     """to-edge skips the two of its three re-traces that change nothing (the empty-table pass; the last one, whose
     table only a dynamic program's size queries use), to-edge and to-executorch make a graph's Python code only when
-    it is called or read, and the program serialized is the same byte for byte."""
+    it is called or read, the export walks a size expression once for each of its facts, and the program serialized
+    is the same byte for byte."""
     from torch.export import ExportedProgram
 
     from exporters.executorch.backends import warm_up_xnnpack
@@ -130,6 +132,7 @@ def test_executorch_lowers_the_same_program_with_its_cost_cuts(tiny, monkeypatch
     with_cuts_counts = len(retraces), len(generated)
     monkeypatch.setattr("exporters.executorch.exporter.redundant_decompositions_skipped", lambda *_: nullcontext())
     monkeypatch.setattr("exporters.executorch.exporter.graph_code_on_demand", nullcontext)
+    monkeypatch.setattr("exporters.expression_facts.expression_facts_remembered", nullcontext)
     retraces.clear()
     generated.clear()
     without_cuts = export_tiny(model, "executorch", dynamic)
@@ -160,3 +163,30 @@ def test_a_graph_module_made_with_code_on_demand_makes_it_when_called_or_when_it
     assert not read._needs_recompile()
     assert read._out_spec == unlifted._out_spec and read._in_spec == unlifted._in_spec
     assert not isinstance(torch.fx.GraphModule(unlifted, unlifted.graph), _LazyGraphModule)  # after: eager again
+
+
+def test_an_expression_is_walked_once_for_its_facts_while_they_are_remembered():
+    import sympy
+
+    from exporters.expression_facts import expression_facts_remembered
+
+    walks = []
+
+    class Walked(sympy.Function):  # a size function like torch's FloorDiv, counting reads of its arguments
+        @property
+        def args(self):
+            walks.append(self)
+            return self._args
+
+    s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
+    expressions = [Walked(s0 * s1 + 2), Walked(sympy.Integer(3)), s0 + 1, sympy.Integer(4), sympy.Function("f")(1)]
+    facts = [(e.is_number, e.free_symbols) for e in expressions]
+    walks.clear()
+    with expression_facts_remembered(), expression_facts_remembered():  # a nested use is the outer one
+        remembered = [[(e.is_number, e.free_symbols) for e in expressions] for _ in range(3)]
+        expressions[0].free_symbols.add(sympy.Symbol("changed"))  # a caller's own set, as sympy gives
+        assert expressions[0].free_symbols == {s0, s1}
+    assert remembered == [facts] * 3
+    assert len(walks) == 4  # each of the two once for each fact: 14 times without the cut
+    walks.clear()
+    assert [(e.is_number, e.free_symbols) for e in expressions] == facts and len(walks) == 4  # sympy's own after
