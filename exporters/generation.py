@@ -54,10 +54,15 @@ class Generated:
     logits: list[torch.Tensor] = field(default_factory=list)  # one (batch, vocab) per new token
 
 
+def without_decoder_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
+    """The prompt alone: generation makes the decoder's inputs (``decoder_input_ids`` and its mask) itself."""
+    return {name: value for name, value in inputs.items() if not name.startswith("decoder_")}
+
+
 def generation_prompt(model: torch.nn.Module, inputs: dict[str, Any]) -> dict[str, Any]:
     """The prompt as generate() passes it to a decoder-only model's first step: without the inputs its
     ``prepare_inputs_for_generation`` drops (CTRL makes its own token types)."""
-    prompt = {name: value for name, value in inputs.items() if not name.startswith("decoder_")}
+    prompt = without_decoder_inputs(inputs)
     if getattr(model.config, "is_encoder_decoder", False) or "input_ids" not in prompt:
         return prompt
     passed = _first_step_prepared(model, prompt)
@@ -145,7 +150,7 @@ class Generator:
 
     def generate(self, inputs: dict[str, Any], max_new_tokens: int) -> Generated:
         """Greedy decoding of ``max_new_tokens`` tokens for the prompt ``inputs``."""
-        prompt = {name: value for name, value in inputs.items() if not name.startswith("decoder_")}
+        prompt = without_decoder_inputs(inputs)
         if self.positions:
             prompt = with_positions(prompt)
         batch = next(iter(named_leaves(prompt).values())).shape[0]
@@ -263,7 +268,7 @@ def export_for_generation(
     encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
     if encoder_decoder and cache == "static":
         raise ValueError("a static cache is for decoder-only models here; encoder-decoder models use the dynamic one")
-    prompt = {name: value for name, value in inputs.items() if not name.startswith("decoder_")}
+    prompt = without_decoder_inputs(inputs)
     positions = takes_positions(model, prompt)
     if positions:
         prompt = with_positions(prompt)
@@ -484,9 +489,7 @@ def _seen_tokens_read_from_the_mask(model: torch.nn.Module, sliding: bool) -> co
 
 def eager_generate(model: torch.nn.Module, inputs: dict[str, Any], max_new_tokens: int) -> Generated:
     """The reference: ``model.generate(do_sample=False)``, never stopping early, with each step's logits."""
-    prompt = _kwargs_generate_takes(
-        model, {name: value for name, value in inputs.items() if not name.startswith("decoder_")}
-    )
+    prompt = _kwargs_generate_takes(model, without_decoder_inputs(inputs))
     config = copy.deepcopy(model.generation_config)
     config.update(do_sample=False, num_beams=1, eos_token_id=None, max_new_tokens=max_new_tokens,
                   min_new_tokens=max_new_tokens, output_logits=True, return_dict_in_generate=True,

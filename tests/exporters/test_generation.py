@@ -10,6 +10,7 @@ from exporters.generation import (
     export_for_generation,
     generation_prompt,
     takes_positions,
+    without_decoder_inputs,
 )
 
 from .conftest import TOLERANCE
@@ -27,7 +28,7 @@ CASES = [
 @pytest.mark.parametrize("model_name, cache", CASES, ids=[f"{m}-{c}" for m, c in CASES])
 def test_generated_tokens_equal_eager(tiny, model_name, cache, backend):
     model = tiny(model_name)
-    prompt = {name: value for name, value in model.inputs["A"].items() if not name.startswith("decoder_")}
+    prompt = without_decoder_inputs(model.inputs["A"])
     expected = eager_generate(model.model, prompt, NEW_TOKENS)
     generator = export_for_generation(model.model, prompt, backend, cache=cache)
     generated = generator.generate(prompt, NEW_TOKENS)
@@ -68,7 +69,7 @@ def test_unknown_cache_kind_is_refused(tiny):
 
 def test_the_eager_reference_is_plain_greedy_whatever_the_model_config_asks(tiny):
     model = tiny("LlamaForCausalLM")
-    prompt = {name: value for name, value in model.inputs["A"].items() if not name.startswith("decoder_")}
+    prompt = without_decoder_inputs(model.inputs["A"])
     saved = model.model.generation_config.forced_eos_token_id
     model.model.generation_config.forced_eos_token_id = 5  # PLBart's config forces its EOS at the last step
     try:
@@ -86,7 +87,7 @@ def test_the_eager_reference_is_plain_greedy_whatever_the_model_config_asks(tiny
 @pytest.mark.parametrize("backend", ["dynamo", "onnx"])
 def test_a_cache_returned_as_views_feeds_the_next_decode_step(tiny, backend):
     model = tiny("Gemma2ForCausalLM")  # its sliding-window layers return their keys as a strided slice
-    prompt = {name: value for name, value in model.inputs["A"].items() if not name.startswith("decoder_")}
+    prompt = without_decoder_inputs(model.inputs["A"])
     expected = eager_generate(model.model, prompt, NEW_TOKENS)
     generated = export_for_generation(model.model, prompt, backend).generate(prompt, NEW_TOKENS)
     assert torch.equal(generated.tokens, expected.tokens)
@@ -97,7 +98,7 @@ def test_positions_and_token_types_are_fed_as_generate_feeds_them(tiny, model_na
     """generate() counts positions from the attention mask (RoBERTa's own start after its padding index) and repeats
     the last token type for every new token (GPT-J embeds token types)."""
     model = tiny(model_name)
-    prompt = {name: value for name, value in model.inputs["A"].items() if not name.startswith("decoder_")}
+    prompt = without_decoder_inputs(model.inputs["A"])
     expected = eager_generate(model.model, prompt, NEW_TOKENS)
     generated = export_for_generation(model.model, prompt, "dynamo").generate(prompt, NEW_TOKENS)
     assert compare_generation(expected, generated, TOLERANCE["dynamo"], TOLERANCE["dynamo"]).ok
@@ -193,7 +194,7 @@ def test_a_chunked_attention_decode_program_counts_the_tokens_it_has_seen_from_t
 @pytest.mark.parametrize("backend", ["dynamo", "onnx"])
 def test_a_state_space_cache_travels_as_cache_params_and_decode_takes_no_mask(tiny, backend):
     model = tiny("MambaForCausalLM")
-    prompt = {name: value for name, value in model.inputs["A"].items() if not name.startswith("decoder_")}
+    prompt = without_decoder_inputs(model.inputs["A"])
     expected = eager_generate(model.model, prompt, NEW_TOKENS)
     generated = export_for_generation(model.model, prompt, backend).generate(prompt, NEW_TOKENS)
     assert compare_generation(expected, generated, TOLERANCE[backend], TOLERANCE[backend]).ok
@@ -202,7 +203,7 @@ def test_a_state_space_cache_travels_as_cache_params_and_decode_takes_no_mask(ti
 def test_sliding_window_decode_logits_stay_within_dynamo_tolerance(tiny):
     # drifted by ~2e-4 from the third step while decode steps took no position_ids
     model = tiny("Gemma2ForCausalLM")
-    prompt = {name: value for name, value in model.inputs["A"].items() if not name.startswith("decoder_")}
+    prompt = without_decoder_inputs(model.inputs["A"])
     expected = eager_generate(model.model, prompt, NEW_TOKENS)
     generated = export_for_generation(model.model, prompt, "dynamo").generate(prompt, NEW_TOKENS)
     assert compare_generation(expected, generated, TOLERANCE["dynamo"], TOLERANCE["dynamo"]).ok
