@@ -1,8 +1,9 @@
-"""Python code of FX graphs generated when used, not at every change: a cost cut of the lowerings, not a workaround.
+"""Python code of FX graphs generated when used, not at every change: a cost cut of the exports, not a workaround.
 
 torch.fx generates and compiles a ``GraphModule``'s Python code whenever its graph is set or ``recompile()`` is
 called, and ExecuTorch's passes and partitioner do so after nearly every step, on graphs that are interpreted, never
-called: about a fifth of a dynamic ``to-edge`` (docs/performance.md). While ``graph_code_on_demand()`` is active, every
+called: about a fifth of a dynamic ``to-edge``, and a sixth of a static ``torch.export``, whose passes rebuild the
+graph several times (docs/performance.md). While ``graph_code_on_demand()`` is active, every
 new ``GraphModule`` is torch's own lazy one (``_LazyGraphModule``, which Inductor uses): it generates its code when it
 is first called or its code is read. The programs are the same, byte for byte.
 

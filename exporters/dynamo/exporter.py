@@ -13,7 +13,9 @@
    trace and restored after it, so neither stale eager state nor fake tensors cross the trace; buffers read as
    Python numbers (``_BUFFERS_READ_AS_NUMBERS``) are those numbers for the trace.
 
-Then ``torch.export.export`` traces the model. The artifact, ``DynamoExported``, is in ``runtime.py``.
+Then ``torch.export.export`` traces the model, generating the Python code of its intermediate graphs only if used
+(``exporters/graph_code.py``); a size expression's facts are computed once per export (``exporters/expression_facts.py``).
+Both are cost cuts, not workarounds. The artifact, ``DynamoExported``, is in ``runtime.py``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from torch.utils import _pytree
 from ..errors import DynamoExportError
 from ..exported import build_metadata
 from ..expression_facts import remembering_expression_facts
+from ..graph_code import graph_code_on_demand
 from ..leaves import spec_leaf_names, split_inputs
 from ..pytree import is_flattened_here, register_pytree_nodes
 from ..registration import apply_patches, register_switch
@@ -121,7 +124,7 @@ def trace_model(model: torch.nn.Module, inputs: dict[str, Any], config: DynamoCo
         with log.stage("state-cleanup"):
             active.enter_context(cleared_model_state(model))
         try:
-            with log.stage("torch-export"):
+            with log.stage("torch-export"), graph_code_on_demand():
                 program = torch.export.export(
                     model, (), kwargs=dict(traced_inputs), dynamic_shapes=dynamic_shapes, strict=config.strict
                 )
