@@ -13,10 +13,11 @@ by its innermost frame (symbolic-shape reasoning, our workarounds, or the librar
 one after the other (not under the sweep's workers), so the profile sees them whole; a cell is cut at --timeout.
 
 With --compare, every cell runs twice, before and after the cost cuts (the decompositions that change nothing,
-`exporters/executorch/decompositions.py`; graph code made only when used, `exporters/graph_code.py`; size
-expressions' facts computed once, `exporters/expression_facts.py`), in alternating order, each profiled on its
-own: the two profiles, each cell's status and stage both ways, and the to-edge and cell-time ratios, all from one
-run on one machine.
+`exporters/executorch/decompositions.py`; graph code made only when used, in torch.export and the lowering,
+`exporters/graph_code.py`; size expressions' facts computed once, `exporters/expression_facts.py`), in alternating
+order, each profiled on its own: the two profiles, each cell's status and stage both ways, and the to-edge and
+cell-time ratios, all from one run on one machine. Both variants start from the same warm-up (`warm_imports`,
+which also freezes what it loaded out of the garbage collector's sight).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import exporters.dynamo.exporter as dynamo_exporter
 import exporters.executorch.exporter as executorch_exporter
 from exporters import expression_facts
 from harness.cells import Cell, ClassContext, run_cell
@@ -43,7 +45,7 @@ from harness.workers import warm_imports
 # the cost cuts --compare switches off for "before", by module and name
 CUTS = {(module, name): getattr(module, name) for module, name in (
     (executorch_exporter, "redundant_decompositions_skipped"), (executorch_exporter, "graph_code_on_demand"),
-    (expression_facts, "expression_facts_remembered"))}
+    (dynamo_exporter, "graph_code_on_demand"), (expression_facts, "expression_facts_remembered"))}
 
 # (stage, test on a frame) from the outside in: the first frame of a stack that matches names its stage
 STAGES = [
@@ -108,7 +110,7 @@ def main():
     parser.add_argument("--timeout", type=int, default=600)
     parser.add_argument("--shard", default="1/1", help="i/n: every n-th class of the sample, from the i-th")
     parser.add_argument("--combine", type=Path, nargs="+", help="sum these outputs instead of profiling")
-    parser.add_argument("--compare", action="store_true", help="each cell before and after the lowering's cost cuts")
+    parser.add_argument("--compare", action="store_true", help="each cell before and after the cost cuts")
     parser.add_argument("--out", type=Path, default=Path("bench/profile_executorch.json"))
     args = parser.parse_args()
     if args.combine:
