@@ -51,7 +51,9 @@ def warm_imports(backends) -> None:
         import onnxruntime  # noqa: F401
         import onnxscript  # noqa: F401
 
-        import exporters.onnx  # noqa: F401
+        from exporters.onnx.exporter import warm_up_onnx
+
+        warm_up_onnx()
     if "executorch" in backends:
         import executorch.exir  # noqa: F401
         import executorch.runtime  # noqa: F401

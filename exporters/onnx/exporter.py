@@ -11,7 +11,9 @@ whose workarounds are in ``workarounds.py``, in this order:
    default lowering is missing or wrong;
 5. ONNX IR fixes: ``@register_onnx_ir_fix`` (``ONNX_IR_FIXES``), on the finished graph, for ONNX Runtime bugs.
 
-``OnnxConfig(optimize=False)`` skips the onnxscript optimizer (run between 4 and 5). The artifact, ``OnnxExported``,
+The translation reuses torch.onnx's registry of torchlib translations, built once per process
+(``torchlib_registry.py``): a cost cut, not a workaround. ``OnnxConfig(optimize=False)`` skips the onnxscript
+optimizer (run between 4 and 5). The artifact, ``OnnxExported``,
 is in ``runtime.py``. List every workaround: ``grep -nE "^def (_patch_|_fix_|_aten_)" exporters/onnx/*.py``.
 """
 
@@ -29,6 +31,7 @@ from ..expression_facts import remembering_expression_facts
 from ..registration import ONNX_IR_FIXES, ONNX_TRANSLATIONS, apply_fx_node_fixes, apply_patches, is_backend_internal
 from ..stages import StageLog
 from .runtime import OnnxExported
+from .torchlib_registry import torchlib_registry_built_once
 from .workarounds import CONVERSION_HOOK, conversion_log
 
 
@@ -58,7 +61,7 @@ class OnnxExporter:
                 with log.stage("onnx-patches"):
                     active.enter_context(apply_patches("onnx", fired, select=is_backend_internal))
                     active.enter_context(conversion_log(log))
-                with log.stage("onnx-translation"):
+                with log.stage("onnx-translation"), torchlib_registry_built_once():
                     onnx_program = torch.onnx.export(
                         traced.program,
                         (),
@@ -112,3 +115,13 @@ def _name_inputs_and_outputs(graph, input_names: list[str], output_names: list[s
     for value, name in zip(graph.outputs, output_names):
         value.name = name
 
+
+class _Double(torch.nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+def warm_up_onnx() -> None:
+    """A one-op export: what every ONNX export builds first (torch.onnx's lazy imports, the torchlib registry) is
+    built once, in a sweep's parent, for every child it forks."""
+    OnnxExporter().export(_Double(), {"x": torch.ones(2)})

@@ -143,6 +143,30 @@ def test_executorch_lowers_the_same_program_with_its_cost_cuts(tiny, monkeypatch
                   TOLERANCE["executorch"])  # fmt: skip
 
 
+
+def test_onnx_builds_the_torchlib_registry_once_and_exports_the_same_program(tiny, monkeypatch):
+    import onnx_ir
+    from torch.onnx._internal.exporter._registration import ONNXRegistry
+
+    builds = []
+    build = ONNXRegistry.__dict__["from_torchlib"].__func__
+
+    def counted_build(cls, *args, **kwargs):
+        builds.append(1)
+        return build(cls, *args, **kwargs)
+
+    monkeypatch.setattr(ONNXRegistry, "from_torchlib", classmethod(counted_build))
+    monkeypatch.setattr("exporters.onnx.torchlib_registry._BUILT", {})  # as in a process that has built none yet
+    model = tiny("BertModel")
+    once = [onnx_ir.to_proto(export_tiny(model, "onnx").program).SerializeToString() for _ in range(2)]
+    assert len(builds) == 1
+    monkeypatch.setattr("exporters.onnx.exporter.torchlib_registry_built_once", nullcontext)
+    builds.clear()
+    each_time = onnx_ir.to_proto(export_tiny(model, "onnx").program).SerializeToString()
+    assert len(builds) == 1  # one per export without the cut
+    assert once[0] == once[1] == each_time
+    assert ONNXRegistry.__dict__["from_torchlib"].__func__ is counted_build  # restored after each export
+
 def test_a_graph_module_made_with_code_on_demand_makes_it_when_called_or_when_its_specs_are_read():
     from torch.fx._lazy_graph_module import _LazyGraphModule
 
