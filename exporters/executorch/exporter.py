@@ -12,9 +12,10 @@ Around ``to_edge_transform_and_lower`` and ``to_executorch``, in five stages, on
    program;
 5. FX node fixes (``node_fixes.py``): ``@register_fx_node_fix("executorch")``, one node at a time.
 
-To-edge then runs without the decompositions that would change nothing (``decompositions.py``), and to-edge and
-to-executorch generate the Python code of a graph only when it is used (``exporters/graph_code.py``): cost cuts, not
-workarounds; the programs are the same.
+To-edge then runs without the decompositions that would change nothing (``decompositions.py``), to-edge and
+to-executorch generate the Python code of a graph only when it is used (``exporters/graph_code.py``), and the whole
+export computes a size expression's facts once (``exporters/expression_facts.py``): cost cuts, not workarounds; the
+programs are the same.
 
 ExecuTorch is imported on first use: it costs seconds, and the other backends do not need it. The artifact,
 ``ExecutorchExported``, is in ``runtime.py``.
