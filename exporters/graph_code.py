@@ -11,6 +11,11 @@ torch made its lazy module opt-in (pytorch/pytorch#117911) and uses it through `
 ExecuTorch does not call (torch's own ``split_module`` moved to it in pytorch/pytorch#177907): ExecuTorch building its
 graph modules that way, under ``_use_lazy_graph_module(True)``, would make this module unneeded.
 
+Nor does ``str()`` of a module whose code is not generated yet generate it. ExecuTorch formats the whole module
+into a debug message after each partition it cuts out, with an f-string that is built even with debug logging off;
+pytorch/executorch#5046 moved an expensive print of a graph module in the same lowering to ``logging.debug`` so
+that it would not be built by default. Building that message lazily (``logging.debug("%s", module)``) upstream would make this unneeded.
+
 torch's lazy module sets the input and output specs (``_in_spec``, ``_out_spec``) only when it generates its code
 (torch.export's tracer says so where it reads them): a step that read them from a module it had just built would find
 none or stale ones. Here reading them generates the code first.
@@ -21,6 +26,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+import torch
 from torch.fx import GraphModule
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
@@ -42,6 +48,13 @@ def _spec_read_after_code(name: str) -> property:
 class _CodeOnDemand(_LazyGraphModule):
     _in_spec = _spec_read_after_code("_in_spec")
     _out_spec = _spec_read_after_code("_out_spec")
+
+    def __str__(self) -> str:
+        # ExecuTorch formats the whole module into a debug message (an f-string, built with logging off) after each
+        # partition it cuts out: generating the code for it was a fifth of a many-partition lowering
+        if self._needs_recompile():
+            return f"{torch.nn.Module.__str__(self)}\n# code not generated yet: read .code or call print_readable()"
+        return super().__str__()
 
 
 def _is_plain_graph_module(cls: type) -> bool:

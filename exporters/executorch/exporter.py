@@ -13,9 +13,9 @@ Around ``to_edge_transform_and_lower`` and ``to_executorch``, in five stages, on
 5. FX node fixes (``node_fixes.py``): ``@register_fx_node_fix("executorch")``, one node at a time.
 
 To-edge then runs without the decompositions that would change nothing (``decompositions.py``), to-edge and
-to-executorch generate the Python code of a graph only when it is used (``exporters/graph_code.py``), and the whole
-export computes a size expression's facts once (``exporters/expression_facts.py``): cost cuts, not workarounds; the
-programs are the same.
+to-executorch generate the Python code of a graph only when it is used (``exporters/graph_code.py``), XNNPACK's
+partitioner tests a merge from the pair's side (``partition_merging.py``), and the whole export computes a size
+expression's facts once (``exporters/expression_facts.py``): cost cuts, not workarounds; the programs are the same.
 
 ExecuTorch is imported on first use: it costs seconds, and the other backends do not need it. The artifact,
 ``ExecutorchExported``, is in ``runtime.py``.
@@ -43,6 +43,7 @@ from ..registration import (
 from ..rewrites import without_autograd_for_scans
 from ..stages import StageLog
 from .decompositions import redundant_decompositions_skipped
+from .partition_merging import partition_merging_over_the_pair
 from .runtime import ExecutorchExported
 
 
@@ -83,6 +84,7 @@ class ExecutorchExporter:
                 from executorch.exir import to_edge_transform_and_lower
 
                 active.enter_context(graph_code_on_demand())
+                active.enter_context(partition_merging_over_the_pair())
                 with log.stage("to-edge"), redundant_decompositions_skipped(traced.program, partitioners):
                     edge = to_edge_transform_and_lower(traced.program, partitioner=partitioners)
                 lowered = edge.exported_program()

@@ -4,8 +4,9 @@ ExecuTorch's initial buffer values, the work ExecuTorch's lowering is spared (de
 expressions' facts).
 """
 
+import collections
 import copy
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import pytest
 import torch
@@ -107,8 +108,8 @@ def test_executorch_starts_a_buffer_the_program_updates_from_its_value():
 def test_executorch_lowers_the_same_program_with_its_cost_cuts(tiny, monkeypatch, dynamic):
     """to-edge skips the two of its three re-traces that change nothing (the empty-table pass; the last one, whose
     table only a dynamic program's size queries use), to-edge and to-executorch make a graph's Python code only when
-    it is called or read, the export walks a size expression once for each of its facts, and the program serialized
-    is the same byte for byte."""
+    it is called or read, the export walks a size expression once for each of its facts, XNNPACK's partitioner tests
+    a merge from the pair's side, and the program serialized is the same byte for byte."""
     from torch.export import ExportedProgram
 
     from exporters.executorch.backends import warm_up_xnnpack
@@ -133,6 +134,7 @@ def test_executorch_lowers_the_same_program_with_its_cost_cuts(tiny, monkeypatch
     monkeypatch.setattr("exporters.executorch.exporter.redundant_decompositions_skipped", lambda *_: nullcontext())
     monkeypatch.setattr("exporters.executorch.exporter.graph_code_on_demand", nullcontext)
     monkeypatch.setattr("exporters.expression_facts.expression_facts_remembered", nullcontext)
+    monkeypatch.setattr("exporters.executorch.exporter.partition_merging_over_the_pair", nullcontext)
     retraces.clear()
     generated.clear()
     without_cuts = export_tiny(model, "executorch", dynamic)
@@ -167,6 +169,33 @@ def test_onnx_builds_the_torchlib_registry_once_and_exports_the_same_program(tin
     assert once[0] == once[1] == each_time
     assert ONNXRegistry.__dict__["from_torchlib"].__func__ is counted_build  # restored after each export
 
+
+def test_xnnpack_merges_the_same_partitions_when_it_tests_a_merge_from_the_pairs_side(tiny, monkeypatch):
+    from executorch.exir.backend.canonical_partitioners.group_partitioner import GroupBasedPartitioner
+
+    from exporters.executorch import partition_merging
+
+    upstream = GroupBasedPartitioner.__dict__["_can_merge_partitions"]
+    answers = collections.Counter()
+
+    @contextmanager
+    def compared():
+        with partition_merging.partition_merging_over_the_pair():
+            ours = GroupBasedPartitioner.__dict__["_can_merge_partitions"]
+            assert ours is not upstream
+
+            def both(self, *args):
+                answers[upstream(self, *args), ours(self, *args)] += 1
+                return ours(self, *args)
+
+            GroupBasedPartitioner._can_merge_partitions = both
+            yield
+
+    monkeypatch.setattr("exporters.executorch.exporter.partition_merging_over_the_pair", compared)
+    export_tiny(tiny("BertModel"), "executorch", dynamic=True)
+    assert set(answers) == {(True, True), (False, False)}, answers  # 112 merges, 1,002 refusals
+    assert GroupBasedPartitioner.__dict__["_can_merge_partitions"] is upstream
+
 def test_a_graph_module_made_with_code_on_demand_makes_it_when_called_or_when_its_specs_are_read():
     from torch.fx._lazy_graph_module import _LazyGraphModule
 
@@ -186,6 +215,10 @@ def test_a_graph_module_made_with_code_on_demand_makes_it_when_called_or_when_it
     assert read._out_spec is not None  # a spec torch's lazy module leaves unset until it generates its code
     assert not read._needs_recompile()
     assert read._out_spec == unlifted._out_spec and read._in_spec == unlifted._in_spec
+    with graph_code_on_demand():
+        described = torch.fx.GraphModule(unlifted, copy.deepcopy(unlifted.graph))
+    assert "code not generated yet" in str(described) and described._needs_recompile()  # a debug message's str
+    assert "def forward" in described.code and "def forward" in str(described)
     assert not isinstance(torch.fx.GraphModule(unlifted, unlifted.graph), _LazyGraphModule)  # after: eager again
 
 
