@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The coverage campaign's full sweep: every class x every backend x static,dynamic, in 10 shards run one after
-# another at one pinned commit (sweep/SHA), niced. It takes about a day on 2 cores, longer than a machine is kept,
-# so the shards' records are archived beside this file and committed: a fresh machine resumes where they stop.
+# The coverage campaign's full sweep: every class x every backend x static,dynamic,generate, in 10 shards run one
+# after another at one pinned commit (sweep/SHA), niced. It takes about a day on 2 cores, longer than a machine is
+# kept, so the shards' records are archived beside this file and committed: a fresh machine resumes where they stop.
 #
 #   bash docs/coverage/full_sweep.sh run     # restore the archives, then run or resume each unfinished shard
 #   bash docs/coverage/full_sweep.sh save    # archive every shard run so far into docs/coverage/sweep/ (commit it)
@@ -43,12 +43,9 @@ run)
         out=$runs/shard-$i
         finished "$out" && continue
         echo "$(date -u +%FT%TZ) shard $i/$shards"
-        # the command line moved from harness/ to commands/: the pinned tree has one of the two
-        module=commands
-        [ -d "$tree/commands" ] || module=harness.cli
-        (cd "$tree" && nice -n 19 "$main/.venv/bin/python" -m "$module" run --models all --shard "$i/$shards" \
-            --backends dynamo,onnx,executorch --shapes static,dynamic --jobs 2 --no-cache --resume --no-report \
-            --out "$out") || echo "shard $i exited $?: its records stay, run again to resume it"
+        (cd "$tree" && nice -n 19 "$main/.venv/bin/python" -m commands run --models all --shard "$i/$shards" \
+            --backends dynamo,onnx,executorch --shapes static,dynamic,generate --jobs 2 --no-cache --resume \
+            --no-report --out "$out") || echo "shard $i exited $?: its records stay, run again to resume it"
     done
     ;;
 save)
