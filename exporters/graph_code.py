@@ -14,7 +14,8 @@ graph modules that way, under ``_use_lazy_graph_module(True)``, would make this 
 Nor does ``str()`` of a module whose code is not generated yet generate it. ExecuTorch formats the whole module
 into a debug message after each partition it cuts out, with an f-string that is built even with debug logging off;
 pytorch/executorch#5046 moved an expensive print of a graph module in the same lowering to ``logging.debug`` so
-that it would not be built by default. Building that message lazily (``logging.debug("%s", module)``) upstream would make this unneeded.
+that it would not be built by default. Building that message lazily upstream (``logging.debug("%s", module)``)
+would make this unneeded.
 
 torch's lazy module sets the input and output specs (``_in_spec``, ``_out_spec``) only when it generates its code
 (torch.export's tracer says so where it reads them): a step that read them from a module it had just built would find

@@ -14,8 +14,8 @@
    Python numbers (``_BUFFERS_READ_AS_NUMBERS``) are those numbers for the trace.
 
 Then ``torch.export.export`` traces the model, generating the Python code of its intermediate graphs only if used
-(``exporters/graph_code.py``); a size expression's facts are computed once per export (``exporters/expression_facts.py``).
-Both are cost cuts, not workarounds. The artifact, ``DynamoExported``, is in ``runtime.py``.
+(``exporters/graph_code.py``); a size expression's facts are computed once per export
+(``exporters/expression_facts.py``). Both are cost cuts, not workarounds. The artifact, ``DynamoExported``, is in ``runtime.py``.
 """
 
 from __future__ import annotations
