@@ -27,7 +27,6 @@ import contextlib
 import itertools
 import json
 import signal
-import statistics
 import sys
 import time
 from collections import defaultdict
@@ -37,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import exporters.dynamo.exporter as dynamo_exporter
 import exporters.executorch.exporter as executorch_exporter
+from bench.comparison import print_comparison
 from exporters import expression_facts
 from harness.cells import Cell, ClassContext, run_cell
 from harness.models import select
@@ -174,28 +174,6 @@ def write(args, cells, seconds_by, quiet=False):
             print(f"  {row['share']:7.1%} {row['seconds']:9.1f} s  {row['stage']:<14} {row['step']:<38} {row['kind']}")
     if not quiet and any(cell.get("variant") for cell in cells):
         print_comparison(cells)
-
-
-def print_comparison(cells):
-    """Before against after: statuses and stages kept, to-edge and whole-cell seconds, per shape mode."""
-    by_cell = defaultdict(dict)
-    for cell in cells:
-        by_cell[cell["cell"]][cell["variant"]] = cell
-    pairs = [pair for pair in by_cell.values() if len(pair) == 2]
-    changed = [pair["before"]["cell"] for pair in pairs
-               if (pair["before"]["status"], pair["before"]["stage"]) != (pair["after"]["status"], pair["after"]["stage"])]  # fmt: skip
-    print(f"{len(pairs)} cells run both ways: {len(pairs) - len(changed)} kept status and stage, changed: {changed}")
-    for shape_mode in ("static", "dynamic"):
-        mode_pairs = [pair for pair in pairs if pair["before"]["cell"].endswith(shape_mode)]
-        for what, seconds_of in (("to-edge", lambda cell: cell["stages"].get("to-edge", 0.0)),
-                                 ("to-executorch", lambda cell: cell["stages"].get("to-executorch", 0.0)),
-                                 ("cell", lambda cell: cell["seconds"])):  # fmt: skip
-            before = sum(seconds_of(pair["before"]) for pair in mode_pairs)
-            after = sum(seconds_of(pair["after"]) for pair in mode_pairs)
-            ratios = [seconds_of(pair["after"]) / seconds_of(pair["before"]) for pair in mode_pairs if seconds_of(pair["before"])]
-            if before:
-                print(f"  {shape_mode} {what}: before {before:.0f} s, after {after:.0f} s ({after / before:.2f}x; "
-                      f"median cell {statistics.median(ratios):.2f}x over {len(ratios)})")
 
 
 if __name__ == "__main__":

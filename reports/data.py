@@ -4,6 +4,7 @@ backends' names, which import nothing)."""
 from __future__ import annotations
 
 import math
+import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -234,6 +235,35 @@ def dtype_shares(view: RunView) -> list[dict]:
                      "passed": passed, "unavailable": unavailable, "percent": _percent(passed, len(cells)),
                      "percent_runnable": _percent(passed, runnable) if runnable else None, "counts": counts})  # fmt: skip
     return rows
+
+
+# A cell that needs more is too large for a hosted CI runner's share (issue 57): the cost table counts them.
+MEMORY_CEILING_MB = 4096
+
+
+def cost(view: RunView) -> dict:
+    """What the run cost, per backend and shape mode, from the cells it ran (a reused cell cost this run nothing):
+    cell-hours, the median cell, the three stages that took the most, the largest worker memory, and every cell
+    whose worker went above MEMORY_CEILING_MB. A cell's memory is its class worker's peak up to its end."""
+    rows = []
+    for backend, mode in view.columns:
+        ran = [r for r in view.records if r.backend == backend and r.mode == mode and not r.reused and r.seconds]
+        if not ran:
+            continue
+        by_stage: Counter = Counter()
+        for record in ran:
+            for stage in record.stages:
+                by_stage[stage.name] += stage.seconds
+        peaks = [r.peak_rss_mb for r in ran if r.peak_rss_mb is not None]
+        rows.append({"backend": backend, "shape": mode, "cells": len(ran), "hours": sum(r.seconds for r in ran) / 3600,
+                     "median_seconds": statistics.median(r.seconds for r in ran),
+                     "stages": [(name, seconds / 3600) for name, seconds in by_stage.most_common(3)],
+                     "peak_mb": max(peaks) if peaks else None,
+                     "above": sum(peak > MEMORY_CEILING_MB for peak in peaks)})  # fmt: skip
+    above = sorted(((r.peak_rss_mb, r.cell_id) for r in view.records
+                    if not r.reused and (r.peak_rss_mb or 0) > MEMORY_CEILING_MB), reverse=True)  # fmt: skip
+    return {"rows": rows, "hours": sum(row["hours"] for row in rows), "ceiling_mb": MEMORY_CEILING_MB,
+            "above": [{"cell_id": cell_id, "peak_mb": peak} for peak, cell_id in above]}  # fmt: skip
 
 
 def breakdown(view: RunView) -> list[dict]:

@@ -81,7 +81,8 @@ def write_report(run_dir, baseline=None, history=None, out=None, stale=None, wor
     buckets = data.buckets(view)
     ledger = data.workaround_ledger(view, workarounds, stale_data)
     pages = {
-        "index.html": ("overview.html", {"stale": stale_data, "buckets": buckets[:10], "breakdown": data.breakdown(view)}),
+        "index.html": ("overview.html", {"stale": stale_data, "buckets": buckets[:10], "breakdown": data.breakdown(view),
+                                         "cost": data.cost(view)}),
         "matrix.html": ("matrix.html", {"rows": view.classes, "stages": sorted({r.stage for r in view.records if r.stage})}),
         "changes.html": ("changes.html", {"change_labels": data.CHANGE_LABELS}),
         "failures.html": ("failures.html", {"buckets": buckets}),
@@ -193,6 +194,7 @@ def summary_markdown(view, tiles, changes, buckets, stale) -> str:
             runnable = "-" if row["percent_runnable"] is None else f"{row['percent_runnable']:.1f}"
             lines.append(f"| {row['backend']} | {row['shape']} | {row['dtype']} | {row['base']} | {row['passed']} | "
                          f"{row['unavailable']} | {row['percent']:.1f} | {runnable} |")  # fmt: skip
+    lines += _cost_markdown(data.cost(view))
     lines += ["", "## Largest failure buckets", ""]
     lines += [f"{i}. {b['count']} cells, {md_code(b['signature'][:160])}" for i, b in enumerate(buckets[:10], 1)] or ["none"]
     stale_entries = [e for e in (stale or {}).get("entries", []) if e.get("stale")]
@@ -203,6 +205,26 @@ def summary_markdown(view, tiles, changes, buckets, stale) -> str:
         lines += ["", f"## Unreadable files ({len(view.corrupt)})", ""]
         lines += [f"- {md_text(problem)}" for problem in view.corrupt[:50]]
     return "\n".join(lines) + "\n"
+
+
+def _cost_markdown(cost: dict) -> list[str]:
+    if not cost["rows"]:
+        return []
+    single = sum(row["hours"] for row in cost["rows"] if row["shape"] in ("static", "dynamic"))
+    lines = ["", "## Cost", "",
+             f"{cost['hours']:.1f} cell-hours for the cells this run ran; static and dynamic {single:.1f}. "
+             + (f"Cells whose worker went above {cost['ceiling_mb']:,} MB: {len(cost['above'])}." if cost["above"]
+                else f"No cell's worker went above {cost['ceiling_mb']:,} MB."), "",
+             "| backend | shapes | cells run | cell-hours | median cell | largest stages (cell-hours) | largest worker memory |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for row in cost["rows"]:
+        stages = ", ".join(f"{name} {hours:.2f}" for name, hours in row["stages"])
+        peak = "-" if row["peak_mb"] is None else f"{row['peak_mb']:,.0f} MB"
+        lines.append(f"| {row['backend']} | {row['shape']} | {row['cells']} | {row['hours']:.2f} | "
+                     f"{_seconds(row['median_seconds'])} | {stages} | {peak} |")  # fmt: skip
+    if cost["above"]:
+        lines += ["", *(f"- {md_code(above['cell_id'])}: {above['peak_mb']:,.0f} MB" for above in cost["above"][:20])]
+    return lines
 
 
 JUNIT_CLASS = "tests.sweep.test_sweep"  # as pytest names the sweep's items: one identity everywhere

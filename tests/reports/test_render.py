@@ -231,3 +231,27 @@ def test_the_summary_counts_half_precision_against_what_passes_in_float32(tmp_pa
     store.finish()
     summary = (write_report(tmp_path) / "summary.md").read_text()
     assert "| executorch | static | float16 | 3 | 1 | 1 | 33.3 | 50.0 |" in summary
+
+
+def test_the_summary_and_overview_say_what_the_run_cost(tmp_path):
+    store = RunStore(tmp_path)
+    store.create({"models": "synthetic", "backends": ["executorch"], "shapes": ["static", "dynamic"]})
+    cells = [  # (class, shape mode, seconds, worker peak MB, reused from an earlier run)
+        ("SmallModel", "static", 1800.0, 300.0, False), ("SmallModel", "dynamic", 3600.0, 900.0, False),
+        ("LargeModel", "static", 600.0, 1200.0, False), ("LargeModel", "dynamic", 5400.0, 5000.0, False),
+        ("CachedModel", "dynamic", 9999.0, 9999.0, True),  # cost this run nothing: left out
+    ]  # fmt: skip
+    for name, shape, seconds, peak, reused in cells:
+        record = synthetic_record(name, backend="executorch", shape=shape)
+        record.seconds, record.peak_rss_mb, record.reused = seconds, peak, reused
+        store.write(record)
+    store.finish()
+    site = write_report(tmp_path)
+    summary = (site / "summary.md").read_text()
+    assert "3.2 cell-hours for the cells this run ran; static and dynamic 3.2." in summary
+    assert "Cells whose worker went above 4,096 MB: 1." in summary
+    assert "| executorch | static | 2 | 0.67 | 20m00s |" in summary and "| 1,200 MB |" in summary
+    assert "| executorch | dynamic | 2 | 2.50 | 1h15m |" in summary and "| 5,000 MB |" in summary
+    assert "- `LargeModel-executorch-dynamic`: 5,000 MB" in summary and "CachedModel" not in summary.split("## Cost")[1]
+    overview = (site / "index.html").read_text()
+    assert '<a href="cells/LargeModel-executorch-dynamic.html">LargeModel-executorch-dynamic</a> (5000 MB)' in overview

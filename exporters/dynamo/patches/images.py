@@ -188,7 +188,7 @@ def _patch_anyres_images_packed_at_once(original):
         tile_grids = [(height // config.vision_config.image_size) * (width // config.vision_config.image_size)
                       for height, width in config.image_grid_pinpoints]
         aspect = kwargs.get("vision_aspect_ratio") or getattr(config, "vision_aspect_ratio", None) or "anyres_max_9"
-        may_shrink = shrinks and math.sqrt(max(tile_grids) / int(aspect.strip("anyres_max_"))) > 1.1
+        may_shrink = shrinks and math.sqrt(max(tile_grids) / int(aspect.removeprefix("anyres_max_"))) > 1.1
         if (geometry_baked(image_sizes) or pixel_values.dim() != 5 or may_shrink
                 or kwargs.get("batch_num_images") is not None):
             return original(self, pixel_values, image_sizes, *args, **kwargs)
