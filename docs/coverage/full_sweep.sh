@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The coverage campaign's full sweep: every class x every backend x static,dynamic,generate, in 10 shards run one
-# after another at one pinned commit (sweep/SHA), niced. It takes about a day on 2 cores, longer than a machine is
-# kept, so the shards' records are archived beside this file and committed: a fresh machine resumes where they stop.
+# after another at one pinned commit (sweep/SHA), niced, then the seeded 200-class half-precision sample (static,
+# float32,bfloat16,float16) at the same commit. It takes about a day on 2 cores, longer than a machine is kept, so
+# the records are archived beside this file and committed: a fresh machine resumes where they stop.
 #
-#   bash docs/coverage/full_sweep.sh run     # restore the archives, then run or resume each unfinished shard
+#   bash docs/coverage/full_sweep.sh run     # restore the archives, then run or resume each unfinished part
 #   bash docs/coverage/full_sweep.sh save    # archive every shard run so far into docs/coverage/sweep/ (commit it)
-#   bash docs/coverage/full_sweep.sh report  # all shards done: merge them and write the dashboard and summary.md
+#   bash docs/coverage/full_sweep.sh report  # all parts done: merge the shards, write the dashboard and summary.md
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 main=$(cd "$here/../.." && pwd)
@@ -17,7 +18,7 @@ shards=10
 
 restore() {
     mkdir -p "$runs"
-    for archive in "$archives"/shard-*.tar.gz; do
+    for archive in "$archives"/*.tar.gz; do
         [ -e "$archive" ] || continue
         name=$(basename "$archive" .tar.gz)
         # a local folder is the same run with at least as many cells: keep it
@@ -47,9 +48,14 @@ run)
             --backends dynamo,onnx,executorch --shapes static,dynamic,generate --jobs 2 --no-cache --resume \
             --no-report --out "$out") || echo "shard $i exited $?: its records stay, run again to resume it"
     done
+    finished "$runs/half" && exit 0
+    echo "$(date -u +%FT%TZ) half precision"
+    (cd "$tree" && nice -n 19 "$main/.venv/bin/python" -m commands run --models all --sample 200 --seed 1 \
+        --backends dynamo,onnx,executorch --shapes static --dtypes float32,bfloat16,float16 --jobs 2 --no-cache \
+        --resume --no-report --out "$runs/half") || echo "half precision exited $?: its records stay, run again"
     ;;
 save)
-    for out in "$runs"/shard-*; do
+    for out in "$runs"/shard-* "$runs/half"; do
         [ -d "$out/cells" ] || continue
         # byte-stable archives: a shard that did not move leaves git nothing to commit
         tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C "$runs" -cf - "$(basename "$out")" \
@@ -59,16 +65,27 @@ save)
     ;;
 report)
     restore
-    for i in $(seq 1 $shards); do
-        finished "$runs/shard-$i" || { echo "shard $i/$shards is not finished" >&2; exit 1; }
+    for part in $(seq -f "shard-%g" 1 $shards) half; do
+        finished "$runs/$part" || { echo "$part is not finished" >&2; exit 1; }
     done
     rm -rf "$runs/merged"
     "$main/.venv/bin/export-sweep" merge "$runs/merged" "$runs"/shard-*
     "$main/.venv/bin/export-sweep" report "$runs/merged"
-    cp "$runs/merged/site/summary.md" "$here/summary.md"
+    "$main/.venv/bin/export-sweep" report "$runs/half"
+    # summary.md: the full sweep's, with the half-precision table of the sample run at the same commit
+    "$main/.venv/bin/python" - "$runs/merged/site/summary.md" "$runs/half/site/summary.md" "$here/summary.md" <<'EOF'
+import re, sys
+full, half = (open(path).read() for path in sys.argv[1:3])
+table = re.search(r"^## Half precision, against float32\n.*?(?=^## )", half, re.M | re.S)
+if table is None:
+    sys.exit("the half-precision run's summary has no half-precision table")
+section = table.group(0).replace("against float32", "against float32 (the seeded 200-class sample, static)", 1)
+at = full.index("## Cost") if "## Cost" in full else full.index("## Largest failure buckets")
+open(sys.argv[3], "w").write(full[:at] + section + full[at:])
+EOF
     ;;
 *)
-    sed -n "2,8s/^# \{0,1\}//p" "$0" >&2
+    sed -n "2,9s/^# \{0,1\}//p" "$0" >&2
     exit 2
     ;;
 esac
