@@ -498,3 +498,15 @@ def test_a_class_without_a_forward_of_its_own_is_unavailable_not_failed():
     build = context.stages[-1]
     assert (build.name, build.status, build.error_type) == ("build", "unavailable", "NoForward")
     assert "no forward of its own" in build.message
+
+
+def test_batch_norms_measured_over_several_draws_keep_a_tiny_cnn_within_kernel_noise():
+    """MobileNetV2's last norms see one pixel per sample: measured on one batch of two, a channel's variance could be
+    near zero, and dividing by it turned ONNX Runtime's kernel rounding into outputs 30 % off PyTorch's."""
+    from harness.cells import Cell, run_cell
+
+    context = ClassContext(select("MobileNetV2Model")[0]).prepare()
+    assert context.ok, context.stages[-1].message
+    record = run_cell(Cell(context.model_class, "onnx", "static"), context)
+    assert record.status == "pass", record.message
+    assert record.max_abs_diff < 1e-3  # 0.03 with the statistics of one batch
