@@ -500,13 +500,15 @@ def test_a_class_without_a_forward_of_its_own_is_unavailable_not_failed():
     assert "no forward of its own" in build.message
 
 
-def test_batch_norms_measured_over_several_draws_keep_a_tiny_cnn_within_kernel_noise():
-    """MobileNetV2's last norms see one pixel per sample: measured on one batch of two, a channel's variance could be
-    near zero, and dividing by it turned ONNX Runtime's kernel rounding into outputs 30 % off PyTorch's."""
+@pytest.mark.parametrize("name", ["MobileNetV2Model", "PPOCRV5MobileDetModel"])
+def test_batch_norms_measured_keep_a_tiny_cnn_within_kernel_rounding(name):
+    """Measured on one batch of two, MobileNetV2's one-pixel norms and PP-OCRv5 detection's constant channels had
+    variances near zero, and dividing by them turned ONNX Runtime's kernel rounding into outputs 2e-2 to 3e-2 off
+    PyTorch's."""
     from harness.cells import Cell, run_cell
 
-    context = ClassContext(select("MobileNetV2Model")[0]).prepare()
+    context = ClassContext(select(name)[0]).prepare()
     assert context.ok, context.stages[-1].message
     record = run_cell(Cell(context.model_class, "onnx", "static"), context)
     assert record.status == "pass", record.message
-    assert record.max_abs_diff < 1e-3  # 0.03 with the statistics of one batch
+    assert record.max_abs_diff < 1e-3
