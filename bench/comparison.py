@@ -34,9 +34,14 @@ def print_comparison(cells: list[dict]) -> None:
             after = sum(seconds_of(pair["after"]) for pair in group)
             ratios = [seconds_of(pair["after"]) / seconds_of(pair["before"])
                       for pair in group if seconds_of(pair["before"])]  # fmt: skip
-            if before:
+            kept = [pair for pair in group if _outcome(pair["before"]) == _outcome(pair["after"])]
+            kept_before = sum(seconds_of(pair["before"]) for pair in kept)
+            kept_ratio = sum(seconds_of(pair["after"]) for pair in kept) / kept_before if kept_before else None
+            if before:  # a cell whose outcome changed did other work: the ratio is also given without it
                 print(f"  {what}: before {before:.0f} s, after {after:.0f} s ({after / before:.2f}x;"
-                      f" median cell {statistics.median(ratios):.2f}x over {len(ratios)})")
+                      f" median cell {statistics.median(ratios):.2f}x over {len(ratios)}"
+                      + (f"; {kept_ratio:.2f}x over the {len(kept)} that kept their outcome)" if changed and kept_ratio
+                         else ")"))  # fmt: skip
 
 
 def _outcome(cell: dict) -> tuple[str, str | None]:
