@@ -110,9 +110,9 @@ def test_half_eager_that_overflowed_grants_no_error_budget():
 
 
 def test_a_deep_convolutional_net_in_float16_passes_on_its_error_against_float32():
-    """EfficientNet's float16 logits through ONNX Runtime differ from float16 eager beyond 1.6e-2 (both round
-    differently over every layer), but stray from float32 eager less than float16 eager itself does."""
-    context = ClassContext(select("EfficientNetForImageClassification")[0]).prepare()
+    """MobileNetV1's float16 logits through ONNX Runtime differ from float16 eager beyond 1.6e-2 (both round
+    differently over every layer), but stray from float32 eager within twice what float16 eager itself does."""
+    context = ClassContext(select("MobileNetV1ForImageClassification")[0]).prepare()
     record = run_cell(Cell(context.model_class, "onnx", "static", "float16"), context)
     assert (record.status, record.stage) == ("pass", "parity"), record.message
     logits = record.parity["logits"]
