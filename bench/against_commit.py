@@ -43,17 +43,16 @@ def alarm(signum, frame):
 signal.signal(signal.SIGALRM, alarm)
 warm_imports(json.loads(sys.argv[2]))
 models = all_model_classes()
-contexts = {}
+context = None  # the class' shared stages, kept for its next cells
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
     ask = json.loads(line)
-    if ask["model"] not in contexts:
-        contexts.clear()
-        contexts[ask["model"]] = ClassContext(models[ask["model"]]).prepare()
+    if context is None or context.model_class.name != ask["model"]:
+        context = ClassContext(models[ask["model"]]).prepare()
     start = time.perf_counter()
     signal.alarm(ask["timeout"])
     try:
-        record = run_cell(Cell(models[ask["model"]], ask["backend"], ask["shape_mode"]), contexts[ask["model"]])
+        record = run_cell(Cell(context.model_class, ask["backend"], ask["shape_mode"]), context)
         answer = {"status": record.status, "stage": record.stage, "stages": {s.name: s.seconds for s in record.stages}}
     except CellTimeout:
         answer = {"status": "timeout", "stage": None, "stages": {}}

@@ -24,8 +24,9 @@ def print_comparison(cells: list[dict]) -> None:
             _, backend, shape_mode = cell_id.rsplit("-", 2)
             groups[(backend, shape_mode)].append(pair)
     for (backend, shape_mode), group in sorted(groups.items()):
+        kept = [pair for pair in group if _outcome(pair["before"]) == _outcome(pair["after"])]
         changed = [(pair["after"]["cell"], pair["before"]["status"], pair["after"]["status"])
-                   for pair in group if _outcome(pair["before"]) != _outcome(pair["after"])]  # fmt: skip
+                   for pair in group if pair not in kept]  # fmt: skip
         print(f"{backend} {shape_mode}: {len(group)} cells run both ways, {len(group) - len(changed)} kept status and"
               f" stage; changed: {changed}")  # fmt: skip
         measures = [(stage, lambda cell, stage=stage: cell["stages"].get(stage, 0.0)) for stage in STAGES]
@@ -34,7 +35,6 @@ def print_comparison(cells: list[dict]) -> None:
             after = sum(seconds_of(pair["after"]) for pair in group)
             ratios = [seconds_of(pair["after"]) / seconds_of(pair["before"])
                       for pair in group if seconds_of(pair["before"])]  # fmt: skip
-            kept = [pair for pair in group if _outcome(pair["before"]) == _outcome(pair["after"])]
             kept_before = sum(seconds_of(pair["before"]) for pair in kept)
             kept_ratio = sum(seconds_of(pair["after"]) for pair in kept) / kept_before if kept_before else None
             if before:  # a cell whose outcome changed did other work: the ratio is also given without it

@@ -258,8 +258,7 @@ def cost(view: RunView) -> dict:
         rows.append({"backend": backend, "shape": mode, "cells": len(ran), "hours": sum(r.seconds for r in ran) / 3600,
                      "median_seconds": statistics.median(r.seconds for r in ran),
                      "stages": [(name, seconds / 3600) for name, seconds in by_stage.most_common(3)],
-                     "peak_mb": max(peaks) if peaks else None,
-                     "above": sum(peak > MEMORY_CEILING_MB for peak in peaks)})  # fmt: skip
+                     "peak_mb": max(peaks) if peaks else None})  # fmt: skip
     above = sorted(((r.peak_rss_mb, r.cell_id) for r in view.records
                     if not r.reused and (r.peak_rss_mb or 0) > MEMORY_CEILING_MB), reverse=True)  # fmt: skip
     return {"rows": rows, "hours": sum(row["hours"] for row in rows), "ceiling_mb": MEMORY_CEILING_MB,

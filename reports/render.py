@@ -76,13 +76,13 @@ def write_report(run_dir, baseline=None, history=None, out=None, stale=None, wor
         "changes": data.changes(view, base),
         "baseline": base,
         "duration": view.duration(),
+        "cost": data.cost(view),
         "versions": _versions(view, base),
     }
     buckets = data.buckets(view)
     ledger = data.workaround_ledger(view, workarounds, stale_data)
     pages = {
-        "index.html": ("overview.html", {"stale": stale_data, "buckets": buckets[:10], "breakdown": data.breakdown(view),
-                                         "cost": data.cost(view)}),
+        "index.html": ("overview.html", {"stale": stale_data, "buckets": buckets[:10], "breakdown": data.breakdown(view)}),
         "matrix.html": ("matrix.html", {"rows": view.classes, "stages": sorted({r.stage for r in view.records if r.stage})}),
         "changes.html": ("changes.html", {"change_labels": data.CHANGE_LABELS}),
         "failures.html": ("failures.html", {"buckets": buckets}),
@@ -99,7 +99,8 @@ def write_report(run_dir, baseline=None, history=None, out=None, stale=None, wor
         page = cell_template.render(page="cell", root="../", run=view, record=record, versions=context["versions"],
                                     owner=ledger["owner"])  # fmt: skip
         _write(site / "cells" / f"{record.cell_id}.html", page)
-    _write(site / "summary.md", summary_markdown(view, context["tiles"], context["changes"], buckets, stale_data))
+    _write(site / "summary.md", summary_markdown(view, context["tiles"], context["changes"], buckets, stale_data,
+                                                       context["cost"]))
     _write(site / "junit.xml", junit_xml(view, context["changes"]))
     _write(site / data.NIGHTS_FILE, json.dumps({"nights": trend["nights"]}, indent=0))
     if base is not None:  # what the nightly's issue and exit code are made of, for tools
@@ -148,7 +149,7 @@ def md_code(text) -> str:
     return f"{fence}{pad}{text}{pad}{fence}"
 
 
-def summary_markdown(view, tiles, changes, buckets, stale) -> str:
+def summary_markdown(view, tiles, changes, buckets, stale, cost) -> str:
     versions = view.metadata.get("versions", {})
     lines = [
         "# export-sweep",
@@ -194,7 +195,7 @@ def summary_markdown(view, tiles, changes, buckets, stale) -> str:
             runnable = "-" if row["percent_runnable"] is None else f"{row['percent_runnable']:.1f}"
             lines.append(f"| {row['backend']} | {row['shape']} | {row['dtype']} | {row['base']} | {row['passed']} | "
                          f"{row['unavailable']} | {row['percent']:.1f} | {runnable} |")  # fmt: skip
-    lines += _cost_markdown(data.cost(view))
+    lines += _cost_markdown(cost)
     lines += ["", "## Largest failure buckets", ""]
     lines += [f"{i}. {b['count']} cells, {md_code(b['signature'][:160])}" for i, b in enumerate(buckets[:10], 1)] or ["none"]
     stale_entries = [e for e in (stale or {}).get("entries", []) if e.get("stale")]
