@@ -191,6 +191,13 @@ def test_a_chunked_attention_decode_program_counts_the_tokens_it_has_seen_from_t
     _generates_like_eager(*_sweep_class("Llama4ForCausalLM"), backend)
 
 
+def test_a_decode_position_cast_with_int_stays_symbolic_in_the_decode_program():
+    """ProphetNet casts its decode step's position with `int()`: the program was guarded on the traced cache length
+    and refused the next step ("Guard failed: 1 + past_key_values['layers.0.keys'].size()[2] == 8")."""
+    generator = _generates_like_eager(*_sweep_class("ProphetNetForCausalLM"))
+    assert "_patch_prophetnet_decode_position_symbolic" in generator.applied
+
+
 @pytest.mark.parametrize("backend", ["dynamo", "onnx"])
 def test_a_state_space_cache_travels_as_cache_params_and_decode_takes_no_mask(tiny, backend):
     model = tiny("MambaForCausalLM")

@@ -1,6 +1,7 @@
 """Stage 2 model patches: a length or size the model reads as a Python number: ranges and chunk lists over it, paddings
 taken only when needed, per-image splits and window orders by sizes read from data, output lengths computed in
-floats, a head picked by a symbolic index, sequences padded to a symbolic longest.
+floats, a head picked by a symbolic index, sequences padded to a symbolic longest, a decode step's position cast by
+`int()`.
 """
 
 from __future__ import annotations
@@ -423,6 +424,31 @@ def _patch_cpmant_padding_mask_by_arange(original):
         return kept[:, :, None] & kept[:, None, :] & mask
 
     return _prepare_attention_mask
+
+
+@register_patch(
+    "dynamo", "transformers.models.prophetnet.modeling_prophetnet.ProphetNetPositionalEmbeddings.forward",
+    reports=True,
+    model_side="ProphetNetPositionalEmbeddings.forward multiplies its one-position tensor by "
+               "`padding_idx + num_input_ids` as it is, without the `int()` cast (a SymInt in a trace).",
+)
+def _patch_prophetnet_decode_position_symbolic(original):
+    """A ProphetNet decode step's position is `padding_idx + cached + new tokens`, cast with `int()` into a
+    one-element tensor: the trace fixes the cache length at the traced step, and the decode program refuses every
+    other step. The same product with the count left symbolic."""
+
+    def forward(self, inputs_shape, device, attention_mask=None, past_key_values=None, position_ids=None):
+        if position_ids is None and past_key_values is not None and past_key_values.get_seq_length() != 0:
+            cached = past_key_values.get_seq_length()
+            if not isinstance(cached, torch.SymInt):
+                return original(self, inputs_shape, device, attention_mask, past_key_values, position_ids)
+            report_applied()
+            count = self.padding_idx + inputs_shape[1] + cached
+            position_ids = torch.ones((1, 1), dtype=torch.long, device=device) * count
+            return torch.nn.Embedding.forward(self, position_ids), position_ids
+        return original(self, inputs_shape, device, attention_mask, past_key_values, position_ids)
+
+    return forward
 
 
 @register_patch(
