@@ -350,10 +350,11 @@ def export_for_generation(
             elif name == "encoder_outputs":  # a ModelOutput flattens to a list
                 shapes[name] = (None,) if isinstance(value, tuple) else [None] * len(value)
         exporter, config = exporter_for(backend, dynamic=True, dynamic_shapes=shapes)
-    with _seen_tokens_read_from_the_mask(model, sliding=cache == "dynamic" and not encoder_decoder):
+    with _seen_tokens_read_from_the_mask(model, sliding=cache == "dynamic" and not encoder_decoder), \
+            _sliding_layers_kept_whole(encoder_decoder):
         decode = exporter.export(model, copy.deepcopy(decode_inputs), config)
     prefill_exporter, prefill_config = exporter_for(backend)
-    with _encoder_fields_returned(model, extras):
+    with _encoder_fields_returned(model, extras), _sliding_layers_kept_whole(encoder_decoder):
         prefill = prefill_exporter.export(model, copy.deepcopy(prefill_inputs), prefill_config)
     as_output = encoder_decoder and not isinstance(decode_inputs["encoder_outputs"], tuple)
     encoder_input = ENCODER_OUTPUT_INPUT if as_output else ENCODER_TUPLE_INPUT
@@ -485,6 +486,29 @@ def _seen_tokens_read_from_the_mask(model: torch.nn.Module, sliding: bool) -> co
 
     return _hooks_held(model.register_forward_pre_hook(before, with_kwargs=True),
                        model.register_forward_hook(after, with_kwargs=True))  # fmt: skip
+
+
+@contextlib.contextmanager
+def _sliding_layers_kept_whole(enabled: bool):
+    """A decoder's sliding-window cache layer keeps its last ``window - 1`` tokens and counts the tokens it has seen
+    in a Python int. An encoder-decoder's decoder starts from one token, so its sliding layers grow for the first
+    steps and then stay full: two regimes one decode program cannot trace, and the count (the decoder's positions
+    are read from it) is baked in. While its programs are traced, a sliding layer keeps every token as a full
+    layer does, and its window is applied by the sliding mask alone, from positions: the same attention."""
+    if not enabled:
+        yield
+        return
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    names = ("update", "get_mask_sizes", "get_seq_length")
+    saved = {name: DynamicSlidingWindowLayer.__dict__[name] for name in names}
+    try:
+        for name in names:
+            setattr(DynamicSlidingWindowLayer, name, getattr(DynamicLayer, name))
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(DynamicSlidingWindowLayer, name, method)
 
 
 def eager_generate(model: torch.nn.Module, inputs: dict[str, Any], max_new_tokens: int) -> Generated:

@@ -198,6 +198,17 @@ def test_a_decode_position_cast_with_int_stays_symbolic_in_the_decode_program():
     assert "_patch_prophetnet_decode_position_symbolic" in generator.applied
 
 
+def test_an_encoder_decoder_with_sliding_window_layers_decodes_past_its_window():
+    """T5Gemma's decoder alternates sliding-window layers (a window of 4 in the tiny config) with full ones, and
+    starts from one token: its sliding layers grow, then stay full. The decode program was guarded on the traced
+    length and refused the first step ("Guard failed: 8 + 8 * ...size()[2] == 24"); 8 tokens cross the window."""
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+
+    update = DynamicSlidingWindowLayer.update
+    _generates_like_eager(*_sweep_class("T5GemmaForConditionalGeneration"))
+    assert DynamicSlidingWindowLayer.update is update  # the sliding layers are themselves again after the traces
+
+
 @pytest.mark.parametrize("backend", ["dynamo", "onnx"])
 def test_a_state_space_cache_travels_as_cache_params_and_decode_takes_no_mask(tiny, backend):
     model = tiny("MambaForCausalLM")
