@@ -127,7 +127,8 @@ class Generator:
     def __init__(self, prefill: Exported, decode: Exported, encoder_decoder: bool, static_cache: dict | None,
                  decoder_start: int | None, positions: bool = False, cache: str | None = CACHE,
                  encoder_input: str = ENCODER_TUPLE_INPUT, encoder_extras: list[str] | None = None,
-                 carried: dict[str, str] | None = None, tokens_to_decoder: bool = False):  # fmt: skip
+                 carried: dict[str, str] | None = None, tokens_to_decoder: bool = False,
+                 whole_sequence: bool = False):  # fmt: skip
         self.prefill, self.decode = prefill, decode
         self.encoder_decoder = encoder_decoder
         self.static_cache = static_cache  # zero cache tensors by name, for a StaticCache prefill
@@ -138,6 +139,7 @@ class Generator:
         self.encoder_extras = encoder_extras or []  # more of the encoder's output: the prefill returns them by name
         self.carried = carried or {}  # prompt inputs every decode step takes again: see `carried_inputs`
         self.tokens_to_decoder = tokens_to_decoder  # the prompt's tokens open the decoder's: see `decoder_prompt`
+        self.whole_sequence = whole_sequence  # each decode step takes every token so far: see `reads_whole_sequence`
 
     @property
     def applied(self) -> list[str]:
@@ -168,6 +170,7 @@ class Generator:
         encoder_extras = {name: outputs[name] for name in self.encoder_extras}
         carried = carried_values(self.carried, named, outputs)
         length = named["input_ids"].shape[1] if not self.encoder_decoder else 1
+        sequence = named.get("input_ids")
         generated = Generated(torch.empty(batch, 0, dtype=torch.long))
         for step in range(max_new_tokens):
             logits = outputs["logits"][:, -1]
@@ -183,6 +186,9 @@ class Generator:
             named = {name: value for name, value in outputs.items() if name.startswith(self.cache + ".")}
             name = "decoder_input_ids" if self.encoder_decoder else "input_ids"
             named[name] = token
+            if self.whole_sequence:
+                sequence = torch.cat([sequence, token], dim=1)
+                named[name] = sequence
             if not self.encoder_decoder:
                 per_token = next_token_inputs(per_token)
                 named.update(per_token)
@@ -316,6 +322,7 @@ def export_for_generation(
     decode_inputs: dict[str, Any] = {cache_input: getattr(first, cache_input), "use_cache": True}
     extras: list[str] = []  # what of the encoder's output, besides its states, the decode step reads
     carried: dict[str, str] = {}
+    whole_sequence = False
     if encoder_decoder:
         decode_inputs["decoder_input_ids"] = token
         if "attention_mask" in prompt:
@@ -327,13 +334,15 @@ def export_for_generation(
             extras = [f"encoder_outputs.{name}" for name in named_leaves(decode_inputs["encoder_outputs"])
                       if name != "last_hidden_state"]  # fmt: skip
     else:
-        decode_inputs["input_ids"] = token
+        step = _first_decode_step_prepared(model, prompt, first, token)
+        whole_sequence = cache == "dynamic" and reads_whole_sequence(prompt, step)  # a static program: one length
+        decode_inputs["input_ids"] = torch.cat([prompt["input_ids"], token], dim=1) if whole_sequence else token
         decode_inputs.update(next_token_inputs(prompt))
         if "attention_mask" in prompt and cache != "static" and cache_input == CACHE:
             decode_inputs["attention_mask"] = torch.cat(
                 [prompt["attention_mask"], torch.ones(batch, 1, dtype=prompt["attention_mask"].dtype)], dim=1
             )
-        carried = carried_inputs(model, prompt, first, token)
+        carried = carried_inputs(prompt, first, step)
         decode_inputs.update(carried_values(carried, prompt, named_leaves(first)))
     # trace with the layout the loop feeds back: contiguous (a model may return its cache as transposed views)
     decode_inputs[cache_input] = torch.utils._pytree.tree_map_only(
@@ -346,7 +355,8 @@ def export_for_generation(
         shapes = {cache_input: auto_dynamic_shapes(decode_inputs[cache_input])}
         for name, value in decode_inputs.items():
             if name != cache_input and isinstance(value, torch.Tensor):
-                shapes[name] = {1: torch.export.Dim.AUTO} if name == "attention_mask" and not encoder_decoder else None
+                grows = (name == "attention_mask" and not encoder_decoder) or (name == "input_ids" and whole_sequence)
+                shapes[name] = {1: torch.export.Dim.AUTO} if grows else None
             elif name == "encoder_outputs":  # a ModelOutput flattens to a list
                 shapes[name] = (None,) if isinstance(value, tuple) else [None] * len(value)
         exporter, config = exporter_for(backend, dynamic=True, dynamic_shapes=shapes)
@@ -359,27 +369,43 @@ def export_for_generation(
     as_output = encoder_decoder and not isinstance(decode_inputs["encoder_outputs"], tuple)
     encoder_input = ENCODER_OUTPUT_INPUT if as_output else ENCODER_TUPLE_INPUT
     return Generator(prefill, decode, encoder_decoder, static_cache, start, positions, cache_input, encoder_input,
-                     extras, carried, tokens_to_decoder)  # fmt: skip
+                     extras, carried, tokens_to_decoder, whole_sequence)  # fmt: skip
 
 
 _STEP_INPUTS = {"input_ids", "attention_mask", "position_ids", "token_type_ids", CACHE, STATE_SPACE_CACHE,
                 "cache_position", "use_cache", "inputs_embeds"}  # fmt: skip
 
 
-def carried_inputs(model: torch.nn.Module, prompt: dict[str, Any], first: Any, token: torch.Tensor) -> dict[str, str]:
-    """``name -> "whole" | "last" | "output:<name>"``: the other inputs generate() hands every decode step, as the
-    model's own ``_update_model_kwargs_for_generation`` and ``prepare_inputs_for_generation`` make them for the first
-    one: a prompt input whole (X-MOD's language ids) or at its last position (Mllama's cross-attention mask, a row
-    per token), or an output of the prefill (IDEFICS's image states)."""
+def _first_decode_step_prepared(model: torch.nn.Module, prompt: dict[str, Any], first: Any,
+                               token: torch.Tensor) -> dict[str, Any] | None:  # fmt: skip
+    """What generate() hands a decoder-only model's first decode step, as the model's own
+    ``_update_model_kwargs_for_generation`` and ``prepare_inputs_for_generation`` make it from the prefill's output
+    ``first`` and the new ``token``; None where the preparation needs more than this."""
     kwargs = {name: value for name, value in prompt.items() if name != "input_ids"}
     try:
         kwargs = model._update_model_kwargs_for_generation(
             first, {**kwargs, "use_cache": True}, is_encoder_decoder=False
         )
-        step = model.prepare_inputs_for_generation(
+        return model.prepare_inputs_for_generation(
             torch.cat([prompt["input_ids"], token], dim=1), **kwargs, next_sequence_length=1
         )
-    except Exception:  # noqa: BLE001 - a preparation that needs more than this: nothing carried
+    except Exception:  # noqa: BLE001 - any model's own code: what it raises is its own
+        return None
+
+
+def reads_whole_sequence(prompt: dict[str, Any], step: dict[str, Any] | None) -> bool:
+    """A decode step that takes every token so far beside its cache, as generate() hands it (CPM-Ant prepends its
+    prompt embeddings and slices the cached part off itself), not the new token alone."""
+    ids = (step or {}).get("input_ids")
+    return isinstance(ids, torch.Tensor) and ids.shape[-1] == prompt["input_ids"].shape[-1] + 1
+
+
+def carried_inputs(prompt: dict[str, Any], first: Any, step: dict[str, Any] | None) -> dict[str, str]:
+    """``name -> "whole" | "last" | "output:<name>"``: the other inputs generate() hands every decode step, as it
+    hands them the first one (``step``, see `_first_decode_step_prepared`): a prompt input whole (X-MOD's language
+    ids) or at its last position (Mllama's cross-attention mask, a row per token), or an output of the prefill
+    (IDEFICS's image states)."""
+    if step is None:  # a preparation that needs more than this: nothing carried
         return {}
 
     def same(a, b):

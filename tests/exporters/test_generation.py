@@ -198,6 +198,15 @@ def test_a_decode_position_cast_with_int_stays_symbolic_in_the_decode_program():
     assert "_patch_prophetnet_decode_position_symbolic" in generator.applied
 
 
+def test_a_decode_step_that_reads_every_token_so_far_is_fed_the_whole_sequence_with_its_cache():
+    """CPM-Ant's generate() hands each step every token so far (it prepends its prompt embeddings and slices the
+    cached part off itself). Fed the new token alone, the decode step did not export ("The size of tensor a (s56)
+    must match the size of tensor b (33)")."""
+    generator = _generates_like_eager(*_sweep_class("CpmAntForCausalLM"))
+    assert generator.whole_sequence
+    assert not _generates_like_eager(*_sweep_class("LlamaForCausalLM")).whole_sequence
+
+
 def test_an_encoder_decoder_with_sliding_window_layers_decodes_past_its_window():
     """T5Gemma's decoder alternates sliding-window layers (a window of 4 in the tiny config) with full ones, and
     starts from one token: its sliding layers grow, then stay full. The decode program was guarded on the traced
