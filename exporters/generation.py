@@ -185,10 +185,9 @@ class Generator:
                 continue
             named = {name: value for name, value in outputs.items() if name.startswith(self.cache + ".")}
             name = "decoder_input_ids" if self.encoder_decoder else "input_ids"
-            named[name] = token
             if self.whole_sequence:
                 sequence = torch.cat([sequence, token], dim=1)
-                named[name] = sequence
+            named[name] = sequence if self.whole_sequence else token
             if not self.encoder_decoder:
                 per_token = next_token_inputs(per_token)
                 named.update(per_token)

@@ -438,15 +438,13 @@ def _patch_prophetnet_decode_position_symbolic(original):
     other step. The same product with the count left symbolic."""
 
     def forward(self, inputs_shape, device, attention_mask=None, past_key_values=None, position_ids=None):
-        if position_ids is None and past_key_values is not None and past_key_values.get_seq_length() != 0:
-            cached = past_key_values.get_seq_length()
-            if not isinstance(cached, torch.SymInt):
-                return original(self, inputs_shape, device, attention_mask, past_key_values, position_ids)
-            report_applied()
-            count = self.padding_idx + inputs_shape[1] + cached
-            position_ids = torch.ones((1, 1), dtype=torch.long, device=device) * count
-            return torch.nn.Embedding.forward(self, position_ids), position_ids
-        return original(self, inputs_shape, device, attention_mask, past_key_values, position_ids)
+        cached = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if position_ids is not None or not isinstance(cached, torch.SymInt) or cached == 0:  # int() is exact there
+            return original(self, inputs_shape, device, attention_mask, past_key_values, position_ids)
+        report_applied()
+        count = self.padding_idx + inputs_shape[1] + cached
+        position_ids = torch.ones((1, 1), dtype=torch.long, device=device) * count
+        return torch.nn.Embedding.forward(self, position_ids), position_ids
 
     return forward
 
