@@ -123,6 +123,9 @@ def trace_model(model: torch.nn.Module, inputs: dict[str, Any], config: DynamoCo
                 dynamic_shapes = {name: auto_dynamic_shapes(value) for name, value in traced_inputs.items()}
         with log.stage("state-cleanup"):
             active.enter_context(cleared_model_state(model))
+            # Dynamo compiles a `scan`'s body, and its code cache outlives the export: reused by a later export, the
+            # body compiled for an earlier trace fixed axes this one leaves dynamic (RecurrentGemma's batch)
+            torch._dynamo.reset()
         try:
             with log.stage("torch-export"), graph_code_on_demand():
                 program = torch.export.export(

@@ -48,6 +48,22 @@ def test_an_input_that_is_a_view_is_traced_without_its_base():
     torch.testing.assert_close(exported(grid=other)["output"], HalvedGrid()(other))
 
 
+def test_an_export_does_not_reuse_what_dynamo_compiled_for_an_earlier_one():
+    """RecurrentGemma's recurrence is a `scan`, whose body Dynamo compiles. Its code cache outlived the export: a
+    dynamic export after the model's generate programs reused the body compiled for them, with the batch fixed
+    ("Guard failed: 2 == input_ids.size()[0]" on the second input set, a batch of 3)."""
+    from exporters.generation import export_for_generation, generation_prompt
+    from harness.cells import ClassContext, export_options
+    from harness.models import select
+
+    context = ClassContext(select("RecurrentGemmaForCausalLM")[0]).prepare()
+    export_for_generation(context.model, generation_prompt(context.model, context.inputs["A"]), "dynamo")
+    exporter, config = exporters.exporter_for("dynamo", **export_options("dynamic", context.inputs))
+    exported = exporter.export(context.model, context.inputs["A"], config)
+    assert context.inputs["B"]["input_ids"].shape[0] != context.inputs["A"]["input_ids"].shape[0]
+    assert_parity(exported(**context.inputs["B"]), context.expected["B"], TOLERANCE["dynamo"])
+
+
 def test_a_static_export_keeps_the_values_of_small_tensors_the_forward_builds(monkeypatch):
     model, inputs = FeatureMapSizes(), {"features": torch.randn(2, 8, 4, 5), "queries": torch.randn(2, 1, 3, 8)}
     exported = export_module(model, inputs, "dynamo")
