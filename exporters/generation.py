@@ -538,7 +538,9 @@ def _sliding_layers_kept_whole(enabled: bool):
 
 def eager_generate(model: torch.nn.Module, inputs: dict[str, Any], max_new_tokens: int) -> Generated:
     """The reference: ``model.generate(do_sample=False)``, never stopping early, with each step's logits."""
-    prompt = _kwargs_generate_takes(model, without_decoder_inputs(inputs))
+    # a copy: generate() may write into its inputs (BLIP sets each prompt's first token in place), and the caller's
+    # are the class's inputs, which every later cell is compared on
+    prompt = copy.deepcopy(_kwargs_generate_takes(model, without_decoder_inputs(inputs)))
     config = copy.deepcopy(model.generation_config)
     config.update(do_sample=False, num_beams=1, eos_token_id=None, max_new_tokens=max_new_tokens,
                   min_new_tokens=max_new_tokens, output_logits=True, return_dict_in_generate=True,
