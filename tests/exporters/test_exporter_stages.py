@@ -53,10 +53,9 @@ def test_an_export_does_not_reuse_what_dynamo_compiled_for_an_earlier_one():
     dynamic export after the model's generate programs reused the body compiled for them, with the batch fixed
     ("Guard failed: 2 == input_ids.size()[0]" on the second input set, a batch of 3)."""
     from exporters.generation import export_for_generation, generation_prompt
-    from harness.cells import ClassContext, export_options
-    from harness.models import select
+    from harness.cells import export_options
 
-    context = ClassContext(select("RecurrentGemmaForCausalLM")[0]).prepare()
+    context = built_by_the_sweep("RecurrentGemmaForCausalLM")
     export_for_generation(context.model, generation_prompt(context.model, context.inputs["A"]), "dynamo")
     exporter, config = exporters.exporter_for("dynamo", **export_options("dynamic", context.inputs))
     exported = exporter.export(context.model, context.inputs["A"], config)
