@@ -102,6 +102,7 @@ class ClassContext:
         self.prepared = False
         self.dtype = DTYPES[0]
         self._in_dtypes: dict[str, ClassContext] = {}
+        self._kept: dict | None = None  # the shared state as eager left it: see keep_shared_state
 
     @property
     def ok(self) -> bool:
@@ -160,6 +161,51 @@ class ClassContext:
         cast.stages.append(record)
         cast.traceback = trace
         return cast
+
+    def keep_shared_state(self) -> None:
+        """Copy what every cell of the class reads (its inputs, eager's outputs, the model's weights, buffers and
+        mode), once, for ``restore_shared_state``."""
+        import copy
+
+        if self._kept is None:
+            self._kept = copy.deepcopy(self._shared_state())
+
+    def restore_shared_state(self) -> tuple[list[str], bool]:
+        """What a cell changed of the kept state, each as ``part path (how)`` ([] when nothing), and whether it could
+        all be put back as kept."""
+        import copy
+
+        from torch.utils._pytree import keystr, tree_flatten_with_path
+
+        changed = []
+        for part, kept in self._kept.items():
+            now_leaves, now_spec = tree_flatten_with_path(self._shared_state()[part])
+            kept_leaves, kept_spec = tree_flatten_with_path(kept)
+            if now_spec != kept_spec:
+                changed.append(f"{part}: its structure (entries added, removed or replaced by another type)")
+                continue
+            changed += [f"{part}{keystr(path)} ({how})" for (path, now_value), (_, kept_value) in zip(now_leaves, kept_leaves)
+                        if (how := _leaf_change(now_value, kept_value))]  # fmt: skip
+        if changed:
+            kept = copy.deepcopy(self._kept)
+            self.inputs.clear(), self.inputs.update(kept["inputs"])
+            self.expected.clear(), self.expected.update(kept["expected"])
+            try:  # in place, so tied weights stay tied
+                self.model.load_state_dict(kept["weights"], strict=False)
+            except RuntimeError:  # a weight replaced by one of another shape
+                return changed, False
+            self.model.train(kept["training"])
+        return changed, True
+
+    def forget(self) -> None:
+        """Drop everything built: the next ``prepare`` builds the class again."""
+        self.__init__(self.model_class, self.seed)
+
+    def _shared_state(self) -> dict:
+        # state_dict: parameters and persistent buffers; a non-persistent buffer is a cache a forward may grow or
+        # recompute to the same values (sinusoidal positions, dynamic rotary frequencies)
+        return {"inputs": self.inputs, "expected": self.expected, "weights": dict(self.model.state_dict()),
+                "training": self.model.training}  # fmt: skip
 
     def _config(self):
         from .tiny import tiny_config
@@ -318,6 +364,24 @@ def _same(a, b, tolerance: float = 0.0) -> bool:
     return bool(torch.equal(a, b))
 
 
+def _leaf_change(now, kept) -> str | None:
+    """How one leaf of the shared state differs from its kept copy, or None."""
+    import torch
+
+    if isinstance(kept, torch.Tensor):
+        if not isinstance(now, torch.Tensor):
+            return f"a tensor became {type(now).__name__}"
+        if now.shape != kept.shape or now.dtype != kept.dtype:
+            return f"{kept.dtype} {list(kept.shape)} became {now.dtype} {list(now.shape)}"
+        if _same(now, kept):
+            return None
+        different = int((torch.nan_to_num(now) != torch.nan_to_num(kept)).sum())
+        return f"{different} of {kept.numel()} values written in place"
+    if isinstance(kept, (bool, int, float, str, type(None))):  # other objects have no value equality to check
+        return None if now == kept else f"{kept!r} became {now!r}"
+    return None
+
+
 def tolerance_for(model_class: str, backend: str, dtype: str = DTYPES[0]) -> tuple[float, float, str | None]:
     default = DEFAULT_TOLERANCE[backend]
     override = TOLERANCE_OVERRIDES.get(model_class)
@@ -437,14 +501,34 @@ def run_cell(
 
     ``on_stage(name, ended=())`` is told before each stage starts, and within the export, as each exporter stage
     starts or ends, with the exporter stages ended so far."""
-    import exporters
-    from exporters.stages import watching_stages
-
     on_stage = on_stage or (lambda name, ended=(): None)
-    context = context.prepare(on_stage).in_dtype(cell.dtype)
+    class_context, context = context, context.prepare(on_stage).in_dtype(cell.dtype)
     record = new_record(cell, context)
     if not context.ok:
         return _done(record)
+    context.keep_shared_state()
+    try:
+        record = _run_prepared_cell(cell, context, record, registry, on_stage)
+    finally:
+        start = time.perf_counter()
+        changed, restored = context.restore_shared_state()
+    if changed:  # a defect of ours (an exporter or the reference writing into what it was lent): later cells are safe
+        if not restored:
+            class_context.forget()
+        record.stages.append(StageRecord(
+            "shared-state", "fail", round(time.perf_counter() - start, 4), "SharedStateChanged",
+            f"this cell changed what the class's later cells read: {'; '.join(changed[:5])}"
+            + (f" (and {len(changed) - 5} more)" if len(changed) > 5 else "") + "; "
+            + ("restored from the copy taken after eager, so later cells run on the class as built" if restored else
+               "it could not be put back, so the class is built again for its next cell"),
+        ))  # fmt: skip
+    return _done(record)
+
+
+def _run_prepared_cell(cell: Cell, context: ClassContext, record: CellRecord, registry, on_stage) -> CellRecord:
+    import exporters
+    from exporters.stages import watching_stages
+
     if registry is not None:
         skip = registry.skip_for(cell.model.name, cell.backend, cell.shape_mode)
         if skip is not None:

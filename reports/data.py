@@ -45,6 +45,7 @@ WORKAROUND_PLACE = {
     "load": "runtime: ONNX IR fix (onnx) or ExecuTorch FX fix (executorch)",
     "run": "runtime: ONNX IR fix _fix_ir_* (onnx) or ExecuTorch FX fix",
     "parity": "numerics: a torch patch or ONNX translation; a wider tolerance only with a recorded reason",
+    "shared-state": "the exporter or reference that wrote into the class's inputs or model: make it work on a copy",
 }
 
 CATEGORY_LABELS = {

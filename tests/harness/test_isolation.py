@@ -8,9 +8,10 @@ import sys
 import time
 
 import pytest
+import torch
 
 from exporters import registration, workarounds
-from harness.cells import Cell
+from harness.cells import Cell, ClassContext
 from harness.models import select
 from harness.store import RunStore
 from harness.sweep import Plan, Progress, run_sweep
@@ -162,6 +163,68 @@ def test_axis_the_export_fixed_fails_the_dynamic_cell_by_name(tmp_path):
     record = _bert_cell_with_layer_norm_patch("dynamic", _patch_fix_batch)
     assert (record.status, record.stage) == ("fail", "dynamic-axes")
     assert "input_ids axis 0 = 2 (second set: 3)" in record.message
+
+
+def _dynamo_cell_planting(context, write):
+    """The class's Dynamo static cell, with a planted patch that calls ``write()`` as the export installs it."""
+    from harness.cells import run_cell
+
+    def _patch_write_into_the_class(original):
+        write()
+        return original
+
+    workarounds.load_registrations()
+    saved = list(registration.PATCHES["dynamo"])
+    registration.register_patch("dynamo", "torch.nn.functional.layer_norm", model_side="planted by a test")(
+        _patch_write_into_the_class
+    )
+    try:
+        return run_cell(Cell(context.model_class, "dynamo", "static"), context)
+    finally:
+        registration.PATCHES["dynamo"][:] = saved
+
+
+def test_a_cell_that_writes_into_its_class_fails_by_name_and_later_cells_run_on_the_class_as_built():
+    """BLIP's generate() once wrote into the class's prompt, and every later cell of the class was compared on other
+    tokens. Planted here: a patch that, as the export installs it, writes into the class's inputs and a weight."""
+    from harness.cells import run_cell
+
+    context = ClassContext(select("BertModel")[0]).prepare()
+
+    def write():
+        context.inputs["A"]["input_ids"][0, 0] += 1
+        with torch.no_grad():
+            context.model.embeddings.word_embeddings.weight[3, :2] = 9.0
+
+    written = _dynamo_cell_planting(context, write)
+    guard = written.stages[-1]
+    assert (guard.name, guard.status, guard.error_type) == ("shared-state", "fail", "SharedStateChanged")
+    assert f"inputs['A']['input_ids'] (1 of {context.inputs['A']['input_ids'].numel()} values written" in guard.message
+    assert "weights['embeddings.word_embeddings.weight'] (2 of " in guard.message
+    assert "restored from the copy taken after eager" in guard.message
+    assert written.status == "fail", "a cell that wrote into its class never passes"
+    after = run_cell(Cell(context.model_class, "dynamo", "static"), context)
+    assert after.status == "pass", after.message
+    assert [stage.name for stage in after.stages][-1] == "parity", "nothing written: no shared-state stage"
+
+
+def test_a_weight_replaced_by_another_shape_gets_the_class_built_again():
+    from harness.cells import run_cell
+
+    context = ClassContext(select("BertModel")[0]).prepare()
+    built = context.model
+
+    def replace():
+        context.model.pooler.dense.weight = torch.nn.Parameter(torch.zeros(3, 3))
+
+    written = _dynamo_cell_planting(context, replace)
+    guard = written.stages[-1]
+    assert guard.name == "shared-state"
+    assert "weights['pooler.dense.weight'] (torch.float32 [" in guard.message
+    assert "became torch.float32 [3, 3]); it could not be put back, so the class is built again" in guard.message
+    after = run_cell(Cell(context.model_class, "dynamo", "static"), context)
+    assert after.status == "pass", after.message
+    assert context.model is not built
 
 
 def _last_line_printed(probe: str) -> str:
