@@ -5,7 +5,8 @@ A cache flattens to its tensors (the leaves, keyed by attribute path like `layer
 everything else (the context), from which `_unflatten_from_context` rebuilds an equal object. The skeleton is a
 string, so it is hashable, comparable and saved as is with a `.pt2`. A type the attribute walk cannot handle gets a
 branch in both functions. The non-tensor state a program was traced with is in that skeleton:
-``object_state_difference`` says where a call's differs.
+``object_state_difference`` says where a call's differs. A sliding layer's count of tokens seen is the one number
+that can follow the input instead: where a layer's keys hold that many, it is kept as their length.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -72,9 +74,54 @@ def _flatten_to_context(value: Any, path: str, leaves: list) -> Any:
         ]
         return {_TAG: "dict", "class": _qualified_name(type(value)), "pairs": pairs}
     if hasattr(value, "__dict__") and not callable(value):
-        state = {key: _flatten_to_context(item, f"{join}{key}", leaves) for key, item in vars(value).items()}
-        return {_TAG: "object", "class": _qualified_name(type(value)), "state": state}
+        return _flatten_object(value, path, leaves)
     raise TypeError(f"{path or 'value'}: cannot flatten a {type(value).__name__} for torch.export")
+
+
+def _flatten_object(value: Any, path: str, leaves: list, counted: tuple[int, int] | None = None) -> dict:
+    join = f"{path}." if path else ""
+    state = {}
+    for key, item in vars(value).items():
+        if key == "cumulative_length" and counted is not None:
+            state[key] = {_TAG: "length", "layer": counted[0], "dim": counted[1]}
+        elif key == "layers" and type(item) is list and (held := _counts_held_as_lengths(item)):
+            state[key] = [_flatten_object(layer, f"{join}layers.{i}", leaves, held.get(i))
+                          if hasattr(layer, "__dict__") else _flatten_to_context(layer, f"{join}layers.{i}", leaves)
+                          for i, layer in enumerate(item)]  # fmt: skip
+        else:
+            state[key] = _flatten_to_context(item, f"{join}{key}", leaves)
+    return {_TAG: "object", "class": _qualified_name(type(value)), "state": state}
+
+
+def _counts_held_as_lengths(layers: list) -> dict[int, tuple[int, int]]:
+    """A cache's sliding-window layers count the tokens they have seen (``cumulative_length``). Where a layer's own
+    keys (it is not yet full) or another layer's (a full-attention layer keeps every token) hold exactly that many,
+    the count is kept as that length, ``{layer: (layer holding it, its sequence axis)}``: a program taking the cache
+    (a decoder fed an encoder's) then reads the count from the input's shape instead of baking the traced one in. A
+    count no layer holds stays a number, and a call with another is refused by the skeleton check."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    held = [(j, layer.keys.dim() - 2, layer.keys.shape[-2]) for j, layer in enumerate(layers)
+            if isinstance(getattr(layer, "keys", None), torch.Tensor) and layer.keys.dim() >= 2]  # fmt: skip
+    counted = {}
+    for i, layer in enumerate(layers):
+        seen = getattr(layer, "cumulative_length", None)
+        if not isinstance(seen, (int, torch.SymInt)) or isinstance(seen, bool):
+            continue
+        # its own keys first; compared without a guard, as a trace flattens its outputs too
+        matching = [(j != i, j, axis) for j, axis, length in held if statically_known_true(seen == length)]
+        if matching:
+            _, j, axis = min(matching)
+            counted[i] = (j, axis)
+    return counted
+
+
+@dataclass(frozen=True)
+class _HeldLength:
+    """A count to read from a layer's keys: ``layers[layer].keys.shape[dim]``."""
+
+    layer: int
+    dim: int
 
 
 def _unflatten_from_context(skeleton: Any, leaves: list) -> Any:
@@ -85,6 +132,8 @@ def _unflatten_from_context(skeleton: Any, leaves: list) -> Any:
     kind = skeleton[_TAG]
     if kind == "leaf":
         return leaves[skeleton["index"]]
+    if kind == "length":  # resolved by the cache holding the layers, once they are all rebuilt
+        return _HeldLength(skeleton["layer"], skeleton["dim"])
     if kind == "dtype":
         return getattr(torch, skeleton["name"])
     if kind == "device":
@@ -101,6 +150,11 @@ def _unflatten_from_context(skeleton: Any, leaves: list) -> Any:
         cls = _import_qualified(skeleton["class"])
         value = cls.__new__(cls)
         value.__dict__.update({key: _unflatten_from_context(item, leaves) for key, item in skeleton["state"].items()})
+        for layer in value.__dict__.get("layers", None) or ():
+            held = getattr(layer, "cumulative_length", None)
+            keys = getattr(value.layers[held.layer], "keys", None) if isinstance(held, _HeldLength) else None
+            if isinstance(keys, torch.Tensor) and keys.dim() > held.dim:  # not a naming pass's placeholder leaves
+                layer.cumulative_length = keys.shape[held.dim]
         return value
     raise ValueError(f"unknown skeleton node {kind!r}")
 
@@ -168,6 +222,12 @@ def object_state_difference(value: Any, baked: str) -> str | None:
     return _first_difference(json.loads(_flatten(value)[1]), json.loads(baked), "")
 
 
+def _described(node: Any) -> str:
+    if isinstance(node, dict) and node.get(_TAG) == "length":
+        return f"the length of layers.{node['layer']}.keys"
+    return repr(node)
+
+
 def _first_difference(here: Any, there: Any, path: str) -> str | None:
     if here == there:
         return None
@@ -178,6 +238,6 @@ def _first_difference(here: Any, there: Any, path: str) -> str | None:
     ):
         pairs = [(f"{path}.{key}", here["state"][key], there["state"][key]) for key in here["state"]]
     else:
-        return f"{path.lstrip('.') or 'its structure'}: {here!r}, exported with {there!r}"
+        return f"{path.lstrip('.') or 'its structure'}: {_described(here)}, exported with {_described(there)}"
     return next(filter(None, (_first_difference(a, b, where) for where, a, b in pairs)), None)
 

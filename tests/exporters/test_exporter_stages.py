@@ -88,14 +88,19 @@ def test_a_static_export_bakes_in_the_image_and_audio_geometry(name, size_input,
     assert size_input in split_inputs(context.inputs["A"])[0]  # a dynamic export traces it
 
 
-def test_a_cache_whose_lengths_differ_from_the_export_is_refused():
-    """Diffusion Gemma's decoder reads a prompt cache: its sliding layer counts the prompt's tokens in a Python int,
-    which the trace bakes in. A prompt of another length was computed with the wrong positions, silently."""
+def test_a_cache_count_another_layer_holds_is_read_from_its_length_and_any_other_is_refused():
+    """Diffusion Gemma's decoder reads a prompt cache. Its sliding layer (full: a window of 4) counts the prompt's
+    tokens in a Python int, which the trace baked in, and a prompt of another length was refused. The full-attention
+    layer holds every token, so the count is now read from its keys' length. A count no layer holds stays baked in:
+    a call with another was computed with the wrong positions, silently, so it is refused."""
     context = built_by_the_sweep("DiffusionGemmaDecoderModel")
     exported = export_tiny(context, "dynamo", dynamic=True)
-    assert_parity(exported(**context.inputs["A"]), context.expected["A"], TOLERANCE["dynamo"])
-    with pytest.raises(ValueError, match=r"past_key_values .*\(layers\.0\.cumulative_length: 5, exported with 7\)"):
-        exported(**context.inputs["B"])
+    assert_parity(exported(**context.inputs["B"]), context.expected["B"], TOLERANCE["dynamo"])
+    inputs = copy.deepcopy(context.inputs["B"])
+    inputs["past_key_values"].layers[0].cumulative_length = 9
+    with pytest.raises(ValueError, match=r"past_key_values .*\(layers\.0\.cumulative_length: 9, exported with the "
+                                         r"length of layers\.1\.keys\)"):
+        exported(**inputs)
 
 
 def test_eomt_mask_annealing_is_read_as_the_numbers_its_buffer_holds(monkeypatch):
