@@ -177,24 +177,28 @@ class ClassContext:
 
         from torch.utils._pytree import keystr, tree_flatten_with_path
 
-        changed = []
+        changed, weights_restructured = [], False
         for part, kept in self._kept.items():
             now_leaves, now_spec = tree_flatten_with_path(self._shared_state()[part])
             kept_leaves, kept_spec = tree_flatten_with_path(kept)
             if now_spec != kept_spec:
                 changed.append(f"{part}: its structure (entries added, removed or replaced by another type)")
+                weights_restructured |= part == "weights"
                 continue
             changed += [f"{part}{keystr(path)} ({how})" for (path, now_value), (_, kept_value) in zip(now_leaves, kept_leaves)
                         if (how := _leaf_change(now_value, kept_value))]  # fmt: skip
-        if changed:
-            kept = copy.deepcopy(self._kept)
-            self.inputs.clear(), self.inputs.update(kept["inputs"])
-            self.expected.clear(), self.expected.update(kept["expected"])
-            try:  # in place, so tied weights stay tied
-                self.model.load_state_dict(kept["weights"], strict=False)
-            except RuntimeError:  # a weight replaced by one of another shape
-                return changed, False
-            self.model.train(kept["training"])
+        if not changed:
+            return changed, True
+        kept = copy.deepcopy(self._kept)
+        self.inputs.clear(), self.inputs.update(kept["inputs"])
+        self.expected.clear(), self.expected.update(kept["expected"])
+        if weights_restructured:  # a weight or buffer added or removed: loading the copy would not undo it
+            return changed, False
+        try:  # in place, so tied weights stay tied
+            self.model.load_state_dict(kept["weights"])
+        except RuntimeError:  # a weight replaced by one of another shape
+            return changed, False
+        self.model.train(kept["training"])
         return changed, True
 
     def forget(self) -> None:

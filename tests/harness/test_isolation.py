@@ -208,20 +208,27 @@ def test_a_cell_that_writes_into_its_class_fails_by_name_and_later_cells_run_on_
     assert [stage.name for stage in after.stages][-1] == "parity", "nothing written: no shared-state stage"
 
 
-def test_a_weight_replaced_by_another_shape_gets_the_class_built_again():
+def _replace_a_weight_by_another_shape(model):
+    model.pooler.dense.weight = torch.nn.Parameter(torch.zeros(3, 3))
+
+
+def _register_a_buffer(model):
+    model.register_buffer("left_behind", torch.zeros(2))
+
+
+@pytest.mark.parametrize("write, named", [
+    (_replace_a_weight_by_another_shape, "weights['pooler.dense.weight'] (torch.float32 ["),
+    (_register_a_buffer, "weights: its structure"),
+], ids=["reshaped", "added"])  # fmt: skip
+def test_weights_that_cannot_be_put_back_get_the_class_built_again(write, named):
     from harness.cells import run_cell
 
     context = ClassContext(select("BertModel")[0]).prepare()
     built = context.model
-
-    def replace():
-        context.model.pooler.dense.weight = torch.nn.Parameter(torch.zeros(3, 3))
-
-    written = _dynamo_cell_planting(context, replace)
+    written = _dynamo_cell_planting(context, lambda: write(context.model))
     guard = written.stages[-1]
-    assert guard.name == "shared-state"
-    assert "weights['pooler.dense.weight'] (torch.float32 [" in guard.message
-    assert "became torch.float32 [3, 3]); it could not be put back, so the class is built again" in guard.message
+    assert guard.name == "shared-state" and named in guard.message
+    assert "it could not be put back, so the class is built again for its next cell" in guard.message
     after = run_cell(Cell(context.model_class, "dynamo", "static"), context)
     assert after.status == "pass", after.message
     assert context.model is not built
