@@ -177,9 +177,9 @@ class ClassContext:
 
         from torch.utils._pytree import keystr, tree_flatten_with_path
 
-        changed, weights_restructured = [], False
+        changed, weights_restructured, now = [], False, self._shared_state()
         for part, kept in self._kept.items():
-            now_leaves, now_spec = tree_flatten_with_path(self._shared_state()[part])
+            now_leaves, now_spec = tree_flatten_with_path(now[part])
             kept_leaves, kept_spec = tree_flatten_with_path(kept)
             if now_spec != kept_spec:
                 changed.append(f"{part}: its structure (entries added, removed or replaced by another type)")
@@ -377,7 +377,7 @@ def _leaf_change(now, kept) -> str | None:
             return f"a tensor became {type(now).__name__}"
         if now.shape != kept.shape or now.dtype != kept.dtype:
             return f"{kept.dtype} {list(kept.shape)} became {now.dtype} {list(now.shape)}"
-        if _same(now, kept):
+        if torch.equal(now, kept) or _same(now, kept):  # the second for NaNs, which equal nothing
             return None
         different = int((torch.nan_to_num(now) != torch.nan_to_num(kept)).sum())
         return f"{different} of {kept.numel()} values written in place"
