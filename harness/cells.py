@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from .models import ModelClass
 from .records import DEFAULT_TOLERANCE, DTYPES, CellRecord, StageRecord, cell_id
+from .shared_state import KeptState
 from .store import now
 from .tables import DTYPE_TOLERANCE, HALF_ERROR_MARGIN, TOLERANCE_OVERRIDES
 
@@ -102,7 +103,7 @@ class ClassContext:
         self.prepared = False
         self.dtype = DTYPES[0]
         self._in_dtypes: dict[str, ClassContext] = {}
-        self._kept: dict | None = None  # the shared state as eager left it: see keep_shared_state
+        self.kept: KeptState | None = None  # what its cells read, as eager left it
 
     @property
     def ok(self) -> bool:
@@ -162,54 +163,9 @@ class ClassContext:
         cast.traceback = trace
         return cast
 
-    def keep_shared_state(self) -> None:
-        """Copy what every cell of the class reads (its inputs, eager's outputs, the model's weights, buffers and
-        mode), once, for ``restore_shared_state``."""
-        import copy
-
-        if self._kept is None:
-            self._kept = copy.deepcopy(self._shared_state())
-
-    def restore_shared_state(self) -> tuple[list[str], bool]:
-        """What a cell changed of the kept state, each as ``part path (how)`` ([] when nothing), and whether it could
-        all be put back as kept."""
-        import copy
-
-        from torch.utils._pytree import keystr, tree_flatten_with_path
-
-        changed, weights_restructured, now = [], False, self._shared_state()
-        for part, kept in self._kept.items():
-            now_leaves, now_spec = tree_flatten_with_path(now[part])
-            kept_leaves, kept_spec = tree_flatten_with_path(kept)
-            if now_spec != kept_spec:
-                changed.append(f"{part}: its structure (entries added, removed or replaced by another type)")
-                weights_restructured |= part == "weights"
-                continue
-            changed += [f"{part}{keystr(path)} ({how})" for (path, now_value), (_, kept_value) in zip(now_leaves, kept_leaves)
-                        if (how := _leaf_change(now_value, kept_value))]  # fmt: skip
-        if not changed:
-            return changed, True
-        kept = copy.deepcopy(self._kept)
-        self.inputs.clear(), self.inputs.update(kept["inputs"])
-        self.expected.clear(), self.expected.update(kept["expected"])
-        if weights_restructured:  # a weight or buffer added or removed: loading the copy would not undo it
-            return changed, False
-        try:  # in place, so tied weights stay tied
-            self.model.load_state_dict(kept["weights"])
-        except RuntimeError:  # a weight replaced by one of another shape
-            return changed, False
-        self.model.train(kept["training"])
-        return changed, True
-
     def forget(self) -> None:
         """Drop everything built: the next ``prepare`` builds the class again."""
         self.__init__(self.model_class, self.seed)
-
-    def _shared_state(self) -> dict:
-        # state_dict: parameters and persistent buffers; a non-persistent buffer is a cache a forward may grow or
-        # recompute to the same values (sinusoidal positions, dynamic rotary frequencies)
-        return {"inputs": self.inputs, "expected": self.expected, "weights": dict(self.model.state_dict()),
-                "training": self.model.training}  # fmt: skip
 
     def _config(self):
         from .tiny import tiny_config
@@ -368,24 +324,6 @@ def _same(a, b, tolerance: float = 0.0) -> bool:
     return bool(torch.equal(a, b))
 
 
-def _leaf_change(now, kept) -> str | None:
-    """How one leaf of the shared state differs from its kept copy, or None."""
-    import torch
-
-    if isinstance(kept, torch.Tensor):
-        if not isinstance(now, torch.Tensor):
-            return f"a tensor became {type(now).__name__}"
-        if now.shape != kept.shape or now.dtype != kept.dtype:
-            return f"{kept.dtype} {list(kept.shape)} became {now.dtype} {list(now.shape)}"
-        if torch.equal(now, kept) or _same(now, kept):  # the second for NaNs, which equal nothing
-            return None
-        different = int((torch.nan_to_num(now) != torch.nan_to_num(kept)).sum())
-        return f"{different} of {kept.numel()} values written in place"
-    if isinstance(kept, (bool, int, float, str, type(None))):  # other objects have no value equality to check
-        return None if now == kept else f"{kept!r} became {now!r}"
-    return None
-
-
 def tolerance_for(model_class: str, backend: str, dtype: str = DTYPES[0]) -> tuple[float, float, str | None]:
     default = DEFAULT_TOLERANCE[backend]
     override = TOLERANCE_OVERRIDES.get(model_class)
@@ -510,12 +448,12 @@ def run_cell(
     record = new_record(cell, context)
     if not context.ok:
         return _done(record)
-    context.keep_shared_state()
+    context.kept = context.kept or KeptState(context)
     try:
         record = _run_prepared_cell(cell, context, record, registry, on_stage)
     finally:
         start = time.perf_counter()
-        changed, restored = context.restore_shared_state()
+        changed, restored = context.kept.restore(context)
     if changed:  # a defect of ours (an exporter or the reference writing into what it was lent): later cells are safe
         if not restored:
             class_context.forget()
