@@ -128,7 +128,7 @@ class Generator:
                  decoder_start: int | None, positions: bool = False, cache: str | None = CACHE,
                  encoder_input: str = ENCODER_TUPLE_INPUT, encoder_extras: list[str] | None = None,
                  carried: dict[str, str] | None = None, tokens_to_decoder: bool = False,
-                 whole_sequence: bool = False):  # fmt: skip
+                 whole_sequence: bool = False, appended: torch.Tensor | None = None):  # fmt: skip
         self.prefill, self.decode = prefill, decode
         self.encoder_decoder = encoder_decoder
         self.static_cache = static_cache  # zero cache tensors by name, for a StaticCache prefill
@@ -140,6 +140,7 @@ class Generator:
         self.carried = carried or {}  # prompt inputs every decode step takes again: see `carried_inputs`
         self.tokens_to_decoder = tokens_to_decoder  # the prompt's tokens open the decoder's: see `decoder_prompt`
         self.whole_sequence = whole_sequence  # each decode step takes every token so far: see `reads_whole_sequence`
+        self.appended = appended  # tokens a cacheless step reads after the sequence: see `tokens_appended`
 
     @property
     def applied(self) -> list[str]:
@@ -166,7 +167,7 @@ class Generator:
         if self.static_cache is not None:
             named.update({name: tensor.clone() for name, tensor in self.static_cache.items()})
             named["cache_position"] = torch.arange(named["input_ids"].shape[1])
-        outputs = self.prefill.run_named(named)
+        outputs = self.prefill.run_named(with_tokens_appended(named, self.appended))
         encoder_extras = {name: outputs[name] for name in self.encoder_extras}
         carried = carried_values(self.carried, named, outputs)
         length = named["input_ids"].shape[1] if not self.encoder_decoder else 1
@@ -181,7 +182,7 @@ class Generator:
                 break
             if self.cache is None:  # the whole sequence again, one token longer
                 named = grown_sequence(named, token)
-                outputs = self.decode.run_named(named)
+                outputs = self.decode.run_named(with_tokens_appended(named, self.appended))
                 continue
             named = {name: value for name, value in outputs.items() if name.startswith(self.cache + ".")}
             name = "decoder_input_ids" if self.encoder_decoder else "input_ids"
@@ -220,6 +221,25 @@ def grown_sequence(named: dict[str, torch.Tensor], token: torch.Tensor) -> dict[
     for name, value in next_token_inputs(named).items():
         grown[name] = torch.cat([named[name], value], dim=-1)
     return grown
+
+
+def tokens_appended(model: torch.nn.Module, prompt: dict[str, Any]) -> torch.Tensor | None:
+    """The tokens a model's own step preparation appends to the sequence it re-reads (XLM appends its mask token and
+    reads the next token's logits there), or None. Only for a prompt of ids alone: a mask or positions would have
+    to grow with them."""
+    if [name for name, value in prompt.items() if isinstance(value, torch.Tensor)] != ["input_ids"]:
+        return None
+    ids = (_first_step_prepared(model, prompt) or {}).get("input_ids")
+    length = prompt["input_ids"].shape[-1]
+    if not isinstance(ids, torch.Tensor) or ids.shape[-1] <= length:
+        return None
+    return ids[:, length:] if torch.equal(ids[:, :length], prompt["input_ids"]) else None
+
+
+def with_tokens_appended(named: dict[str, Any], appended: torch.Tensor | None) -> dict[str, Any]:
+    if appended is None:
+        return named
+    return {**named, "input_ids": torch.cat([named["input_ids"], appended], dim=1)}
 
 
 def _sequence_axes(prompt: dict[str, Any]) -> dict[str, Any]:
@@ -313,9 +333,11 @@ def export_for_generation(
     if getattr(first, cache_input, None) is None and not encoder_decoder and cache == "dynamic":
         # no cache to return (GPT-1, BERT as a decoder): generate() re-reads the sequence at every step, and so does
         # one program whose sequence axis is dynamic
-        exporter, config = exporter_for(backend, dynamic=True, dynamic_shapes=_sequence_axes(prompt))
-        program = exporter.export(model, copy.deepcopy(prompt), config)
-        return Generator(program, program, False, None, start, positions, cache=None)
+        appended = tokens_appended(model, prompt)
+        traced = with_tokens_appended(prompt, appended)
+        exporter, config = exporter_for(backend, dynamic=True, dynamic_shapes=_sequence_axes(traced))
+        program = exporter.export(model, copy.deepcopy(traced), config)
+        return Generator(program, program, False, None, start, positions, cache=None, appended=appended)
     # ── decode step: its example inputs come first, as they say what the prefill must return ──
     token = first.logits[:, -1:].argmax(dim=-1)
     decode_inputs: dict[str, Any] = {cache_input: getattr(first, cache_input), "use_cache": True}

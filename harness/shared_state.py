@@ -29,7 +29,8 @@ class KeptState:
                 changed.append(f"{part}: its structure (entries added, removed or replaced by another type)")
                 weights_restructured |= part == "weights"
                 continue
-            changed += [f"{part}{keystr(path)} ({how})" for (path, now_value), (_, kept_value) in zip(now_leaves, kept_leaves)
+            pairs = zip(now_leaves, kept_leaves)
+            changed += [f"{part}{keystr(path)} ({how})" for (path, now_value), (_, kept_value) in pairs
                         if (how := _leaf_change(now_value, kept_value))]  # fmt: skip
         if not changed:
             return changed, True

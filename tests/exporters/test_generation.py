@@ -150,6 +150,13 @@ def test_a_model_that_keeps_no_cache_generates_through_one_program_over_the_grow
     assert generator.cache is None and generator.prefill is generator.decode
 
 
+def test_a_cacheless_model_that_appends_a_token_to_each_step_is_fed_it_after_the_sequence():
+    """XLM's step preparation appends its mask token to the sequence, and generate() reads the next token's logits
+    there. Fed the sequence alone, the program read them at the last real token: other tokens from the first step."""
+    generator = _generates_like_eager(*_sweep_class("XLMWithLMHeadModel"))
+    assert generator.cache is None and generator.appended.tolist() == [[0], [0]]  # the tiny config's mask token
+
+
 def test_an_encoder_decoder_reading_its_encoders_downsampled_mask_gets_it_from_the_prefill():
     """Moonshine's decoder reads ``encoder_outputs.attention_mask``, the mask its encoder downsampled, which the
     model's own output drops: the prefill returns it, and every decode step takes it beside the states."""
