@@ -33,13 +33,17 @@ from .pytree import register_pytree_nodes
 CACHE_KINDS = ("dynamic", "static")
 CACHE = "past_key_values"
 STATE_SPACE_CACHE = "cache_params"  # Mamba-style models name their cache so
+RECURRENT_STATE = "state"  # RWKV's: a list of its layers' states
 ENCODER_STATES = "encoder_last_hidden_state"
 ENCODER_TUPLE_INPUT = "encoder_outputs.0"
 ENCODER_OUTPUT_INPUT = "encoder_outputs.last_hidden_state"
 
 
 def cache_name(model: torch.nn.Module) -> str:
-    return STATE_SPACE_CACHE if STATE_SPACE_CACHE in inspect.signature(model.forward).parameters else CACHE
+    """The input (and output) a model's cache travels under."""
+    parameters = inspect.signature(model.forward).parameters
+    return next((name for name in (STATE_SPACE_CACHE, RECURRENT_STATE) if name in parameters and CACHE not in parameters),
+                CACHE)  # fmt: skip
 
 
 def encoder_output(states: torch.Tensor):
@@ -394,7 +398,7 @@ def export_for_generation(
 
 
 _STEP_INPUTS = {"input_ids", "attention_mask", "position_ids", "token_type_ids", CACHE, STATE_SPACE_CACHE,
-                "cache_position", "use_cache", "inputs_embeds"}  # fmt: skip
+                RECURRENT_STATE, "cache_position", "use_cache", "inputs_embeds"}  # fmt: skip
 
 
 def _first_decode_step_prepared(model: torch.nn.Module, prompt: dict[str, Any], first: Any,

@@ -244,6 +244,13 @@ def test_a_state_space_cache_travels_as_cache_params_and_decode_takes_no_mask(ti
     assert compare_generation(expected, generated, TOLERANCE[backend], TOLERANCE[backend]).ok
 
 
+def test_a_recurrent_state_travels_as_the_cache_the_model_names_it():
+    """RWKV's cache is `state`, a list of its layers' states. Taken for a model that keeps none, it was re-read over
+    the whole sequence at each step, which its stateful steps do not equal (logits 1.24 apart at the second token)."""
+    generator = _generates_like_eager(*_sweep_class("RwkvForCausalLM"))
+    assert generator.cache == "state"
+
+
 def test_sliding_window_decode_logits_stay_within_dynamo_tolerance(tiny):
     # drifted by ~2e-4 from the third step while decode steps took no position_ids
     model = tiny("Gemma2ForCausalLM")
