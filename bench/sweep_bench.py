@@ -2,8 +2,10 @@
 
 For a fixed set of classes: (a) the sum of pure stage times, (b) the sweep's wall time x workers, their ratio (the
 harness overhead) and the overhead per cell in milliseconds, (c) the wall time of a second run that reuses every
-cell, as a share of the cold run, (d) the peak resident memory of a worker. Each figure is the median over
---repeats runs measured in this one process, one after the other.
+cell, as a share of the cold run, (d) the peak resident memory of a worker, (e) the CPU time the parent process
+itself spent during the cold run (polling its workers), as a share of the workers' time. Each figure is the median
+over --repeats runs measured in this one process, one after the other. With --private-memory-every A,B the rounds
+alternate between the two intervals of reading a worker's private memory (``PRIVATE_MEMORY_EVERY``).
 
     .venv/bin/python bench/sweep_bench.py --repeats 3 --jobs 2 --backends dynamo,onnx
 """
@@ -25,6 +27,7 @@ from harness.models import select  # noqa: E402
 from harness.records import SHARED_STAGES  # noqa: E402
 from harness.store import RunStore  # noqa: E402
 from harness.sweep import Plan, Progress, run_sweep  # noqa: E402
+from harness import workers  # noqa: E402
 from harness.workers import WorkerOptions, warm_imports  # noqa: E402
 
 CLASSES = (
@@ -56,9 +59,9 @@ def one_round(plan_args, jobs: int, workspace: Path) -> dict:
     cold = RunStore(workspace / "cold")
     cold.create({"purpose": "benchmark"})
     plan = Plan(classes, backends, shapes)
-    start = time.perf_counter()
+    start, parent_cpu = time.perf_counter(), time.process_time()
     run_sweep(plan, cold, options, jobs, progress=Progress(plan.total, stream=open("/dev/null", "w")))
-    cold_wall = time.perf_counter() - start
+    cold_wall, parent_cpu = time.perf_counter() - start, time.process_time() - parent_cpu
     records = cold.records()
     cache.save_from(cold, since="")  # a fresh run folder: every record is this run's
     warm = RunStore(workspace / "warm")
@@ -80,6 +83,8 @@ def one_round(plan_args, jobs: int, workspace: Path) -> dict:
         "cached_share": warm_wall / cold_wall,
         "cached_cells_reused": reused,
         "peak_worker_rss_mb": max(record.peak_rss_mb or 0 for record in records),
+        "parent_cpu_seconds": parent_cpu,
+        "parent_cpu_share": parent_cpu / (cold_wall * jobs),
         "statuses": {status: sum(r.status == status for r in records) for status in {r.status for r in records}},
     }
 
@@ -92,22 +97,36 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, default=Path("bench/results.json"))
+    parser.add_argument("--private-memory-every", default=str(workers.PRIVATE_MEMORY_EVERY),
+                        help="seconds between reads of a worker's private memory; A,B alternates the rounds")
     args = parser.parse_args()
     backends, shapes = tuple(args.backends.split(",")), tuple(args.shapes.split(","))
     classes = select(args.models)
+    intervals = [float(value) for value in args.private_memory_every.split(",")]
     warm_imports(backends)
-    rounds = []
+    rounds: dict[float, list[dict]] = {interval: [] for interval in intervals}
     for number in range(args.repeats):
-        with tempfile.TemporaryDirectory(prefix="export-sweep-bench-") as workspace:
-            rounds.append(one_round((classes, backends, shapes), args.jobs, Path(workspace)))
-        print(f"round {number + 1}: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
-                                                  for k, v in rounds[-1].items()), flush=True)  # fmt: skip
+        for interval in intervals:
+            workers.PRIVATE_MEMORY_EVERY = interval
+            with tempfile.TemporaryDirectory(prefix="export-sweep-bench-") as workspace:
+                rounds[interval].append(one_round((classes, backends, shapes), args.jobs, Path(workspace)))
+            print(f"round {number + 1}, private memory every {interval:g} s: " + ", ".join(
+                f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in rounds[interval][-1].items()),
+                flush=True)  # fmt: skip
+    for interval in intervals:
+        report_rounds(args, classes, backends, shapes, interval, rounds[interval], len(intervals) > 1)
+    return 0
+
+
+def report_rounds(args, classes, backends, shapes, interval: float, rounds: list[dict], several: bool) -> None:
     keys = [k for k, v in rounds[0].items() if isinstance(v, (int, float))]
     median = {key: statistics.median(r[key] for r in rounds) for key in keys}
     report = {"classes": [m.name for m in classes], "backends": backends, "shapes": shapes, "jobs": args.jobs,
-              "repeats": args.repeats, "median": median, "rounds": rounds}  # fmt: skip
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=1))
+              "repeats": args.repeats, "private_memory_every": interval, "median": median, "rounds": rounds}  # fmt: skip
+    path = args.json.with_name(f"{args.json.stem}-memory-every-{interval:g}{args.json.suffix}") if several else args.json
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1))
+    print(f"private memory read every {interval:g} s:")
     print(f"median over {args.repeats} rounds ({len(classes)} classes, {median['cells']:.0f} cells, "
           f"{args.jobs} workers):")  # fmt: skip
     print(f"  (a) pure stage time        {median['pure_stage_seconds']:.1f} s")
@@ -116,7 +135,8 @@ def main() -> int:
     print(f"  (c) fully cached re-run    {median['cached_wall_seconds']:.2f} s = "
           f"{100 * median['cached_share']:.2f}% of the cold run")  # fmt: skip
     print(f"  (d) peak worker memory     {median['peak_worker_rss_mb']:.0f} MB")
-    return 0
+    print(f"  (e) parent process CPU     {median['parent_cpu_seconds']:.2f} s = "
+          f"{100 * median['parent_cpu_share']:.2f}% of the workers' time")  # fmt: skip
 
 
 if __name__ == "__main__":

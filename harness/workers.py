@@ -95,6 +95,19 @@ def _signal_name(number: int) -> str:
     return f"{name} ({meaning[name]})" if name in meaning else name
 
 
+# Reading a child's private memory walks its pages: 21 ms for a 600 MB worker, which at every 0.2 s poll of two
+# workers took a fifth of a core from the cells. Its whole resident set costs 0.02 ms and bounds it from above.
+PRIVATE_MEMORY_EVERY = 2.0  # seconds between reads of a running child's private memory (its peak)
+
+
+def _resident_mb(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _own_memory_mb(pid: int) -> float | None:
     """Resident memory the child does not share with its parent.
 
@@ -131,6 +144,7 @@ class ClassWorker:
         self.stage = ""
         self.started = 0.0
         self.peak_rss_mb = 0.0
+        self.memory_read_at = 0.0  # when the child's private memory was last read: see PRIVATE_MEMORY_EVERY
         self.stage_started = 0.0
         self.shared_stages: list[StageRecord] = []
         self.cell_stages: list[StageRecord] = []  # this cell's own stages that ended so far
@@ -166,7 +180,7 @@ class ClassWorker:
         elapsed = time.monotonic() - self.started
         if elapsed > self.options.timeout:
             return self._kill("timeout", f"ran past the {self.options.timeout:g} s cell timeout in stage {self.stage}")
-        used = _own_memory_mb(self.pid)
+        used = self._own_memory_due()
         if used is not None:
             self.peak_rss_mb = max(self.peak_rss_mb, used)
             cap = self.options.memory_cap_mb
@@ -179,6 +193,16 @@ class ClassWorker:
                 pass
             return record or self._died()
         return None
+
+    def _own_memory_due(self) -> float | None:
+        """The child's private memory when a read is due: every ``PRIVATE_MEMORY_EVERY`` seconds, and at once when its
+        whole resident set is over the cap; None in between."""
+        cap, now = self.options.memory_cap_mb, time.monotonic()
+        over_cap = bool(cap) and (_resident_mb(self.pid) or 0.0) > cap
+        if not over_cap and now - self.memory_read_at < PRIVATE_MEMORY_EVERY:
+            return None
+        self.memory_read_at = now
+        return _own_memory_mb(self.pid)
 
     def _read_messages(self) -> CellRecord | None:
         while self.connection.poll():
