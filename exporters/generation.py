@@ -42,8 +42,10 @@ ENCODER_OUTPUT_INPUT = "encoder_outputs.last_hidden_state"
 def cache_name(model: torch.nn.Module) -> str:
     """The input (and output) a model's cache travels under."""
     parameters = inspect.signature(model.forward).parameters
-    return next((name for name in (STATE_SPACE_CACHE, RECURRENT_STATE) if name in parameters and CACHE not in parameters),
-                CACHE)  # fmt: skip
+    if STATE_SPACE_CACHE in parameters:
+        return STATE_SPACE_CACHE
+    # PI0 takes a `state` too (its robot's), beside its key-value cache
+    return RECURRENT_STATE if RECURRENT_STATE in parameters and CACHE not in parameters else CACHE
 
 
 def encoder_output(states: torch.Tensor):

@@ -119,15 +119,7 @@ def _own_memory_mb(pid: int) -> float | None:
             fields = dict(line.split(":", 1) for line in rollup if line.startswith("Private_"))
         return sum(int(value.split()[0]) for value in fields.values()) / 1024
     except (OSError, ValueError):
-        pass
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
+        return _resident_mb(pid)
 
 
 class ClassWorker:
