@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from exporters import registration, workarounds
-from harness.cells import Cell, ClassContext
+from harness.cells import Cell, ClassContext, run_cell
 from harness.models import select
 from harness.store import RunStore
 from harness.sweep import Plan, Progress, run_sweep
@@ -125,16 +125,15 @@ def test_cells_of_one_class_share_the_built_model(tmp_path):
     assert build[0].seconds == build[1].seconds, "built once: both cells carry the same build stage"
 
 
-def _bert_cell_with_layer_norm_patch(shape_mode, factory):
-    """BertModel's Dynamo cell, traced with ``factory`` patching layer norm; the patch is unregistered after."""
-    from harness.cells import ClassContext, run_cell
-
+def _bert_cell_with_layer_norm_patch(shape_mode, factory, context=None):
+    """BertModel's Dynamo cell (of ``context``, else a fresh one), traced with ``factory`` patching layer norm; the
+    patch is unregistered after."""
     workarounds.load_registrations()
     saved = list(registration.PATCHES["dynamo"])
     registration.register_patch("dynamo", "torch.nn.functional.layer_norm", model_side="planted by a test")(factory)
     try:
-        model = select("BertModel")[0]
-        return run_cell(Cell(model, "dynamo", shape_mode), ClassContext(model))
+        context = context or ClassContext(select("BertModel")[0])
+        return run_cell(Cell(context.model_class, "dynamo", shape_mode), context)
     finally:
         registration.PATCHES["dynamo"][:] = saved
 
@@ -165,30 +164,20 @@ def test_axis_the_export_fixed_fails_the_dynamic_cell_by_name(tmp_path):
     assert "input_ids axis 0 = 2 (second set: 3)" in record.message
 
 
-def _dynamo_cell_planting(context, write):
-    """The class's Dynamo static cell, with a planted patch that calls ``write()`` as the export installs it."""
-    from harness.cells import run_cell
+def _cell_planting(context, write):
+    """BERT's Dynamo static cell of ``context``, with a planted patch that calls ``write()`` as the export installs
+    it."""
 
     def _patch_write_into_the_class(original):
         write()
         return original
 
-    workarounds.load_registrations()
-    saved = list(registration.PATCHES["dynamo"])
-    registration.register_patch("dynamo", "torch.nn.functional.layer_norm", model_side="planted by a test")(
-        _patch_write_into_the_class
-    )
-    try:
-        return run_cell(Cell(context.model_class, "dynamo", "static"), context)
-    finally:
-        registration.PATCHES["dynamo"][:] = saved
+    return _bert_cell_with_layer_norm_patch("static", _patch_write_into_the_class, context)
 
 
 def test_a_cell_that_writes_into_its_class_fails_by_name_and_later_cells_run_on_the_class_as_built():
     """BLIP's generate() once wrote into the class's prompt, and every later cell of the class was compared on other
     tokens. Planted here: a patch that, as the export installs it, writes into the class's inputs and a weight."""
-    from harness.cells import run_cell
-
     context = ClassContext(select("BertModel")[0]).prepare()
 
     def write():
@@ -196,7 +185,7 @@ def test_a_cell_that_writes_into_its_class_fails_by_name_and_later_cells_run_on_
         with torch.no_grad():
             context.model.embeddings.word_embeddings.weight[3, :2] = 9.0
 
-    written = _dynamo_cell_planting(context, write)
+    written = _cell_planting(context, write)
     guard = written.stages[-1]
     assert (guard.name, guard.status, guard.error_type) == ("shared-state", "fail", "SharedStateChanged")
     assert f"inputs['A']['input_ids'] (1 of {context.inputs['A']['input_ids'].numel()} values written" in guard.message
@@ -221,11 +210,9 @@ def _register_a_buffer(model):
     (_register_a_buffer, "weights: its structure"),
 ], ids=["reshaped", "added"])  # fmt: skip
 def test_weights_that_cannot_be_put_back_get_the_class_built_again(write, named):
-    from harness.cells import run_cell
-
     context = ClassContext(select("BertModel")[0]).prepare()
     built = context.model
-    written = _dynamo_cell_planting(context, lambda: write(context.model))
+    written = _cell_planting(context, lambda: write(context.model))
     guard = written.stages[-1]
     assert guard.name == "shared-state" and named in guard.message
     assert "it could not be put back, so the class is built again for its next cell" in guard.message
