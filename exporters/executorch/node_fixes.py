@@ -167,6 +167,38 @@ def _widen_by_a_leading_axis(graph, node, *args) -> None:
 
 @register_fx_node_fix(
     "executorch",
+    model_side="upstream change: the SIMD path of ExecuTorch's optimized native_layer_norm kernel (rows of 256 "
+               "elements or more; shorter rows take the scalar path of pytorch/executorch#18636) should return "
+               "eager's values for float16 and bfloat16 inputs, as that scalar path does, instead of values off "
+               "by several units.",
+)
+def _fix_half_layer_norm_in_float32(graph_module, node) -> bool:
+    """ExecuTorch's optimized layer norm is wrong in half precision on rows of 256 elements or more: its SIMD path
+    returns values off by 2 to 5 (random rows, weight one) where shorter rows, and float32, match eager. Swin V2's
+    last stages (256 channels) came out 419 off. Eager computes a half layer norm's moments in float32, so the
+    norm runs in float32 here too, between casts of its input and parameters and a cast of its output back."""
+    if node.op != "call_function" or node.target is not torch.ops.aten.layer_norm.default:
+        return False
+    dtype = node.args[0].meta["val"].dtype
+    if dtype not in (torch.float16, torch.bfloat16):
+        return False
+    graph = graph_module.graph
+    with graph.inserting_before(node):
+        node.args = tuple(
+            _call(graph, torch.ops.aten._to_copy.default, arg, dtype=torch.float32) if isinstance(arg, torch.fx.Node)
+            else arg for arg in node.args
+        )  # fmt: skip
+    node.meta["val"] = node.target(*torch.fx.node.map_arg(node.args, lambda arg: arg.meta["val"]))
+    consumers = list(node.users)
+    with graph.inserting_after(node):
+        narrowed = _call(graph, torch.ops.aten._to_copy.default, node, dtype=dtype)
+    for consumer in consumers:
+        consumer.replace_input_with(node, narrowed)
+    return True
+
+
+@register_fx_node_fix(
+    "executorch",
     model_side="upstream change: the ExecuTorch XNNPACK partitioner should not claim a 2-D max pool on an "
                "unbatched (C, H, W) input, or its channels-last pass should add the batch axis itself, instead "
                "of failing with 'Attempting to convert non-NHWC compatible node to NHWC'.",

@@ -7,6 +7,7 @@ import torch
 
 import exporters
 from exporters.workarounds import disabled_workarounds
+from harness.tables import DTYPE_TOLERANCE
 
 from ..conftest import TOLERANCE, assert_parity
 from .modules import (
@@ -264,3 +265,17 @@ def test_executorch_remainder_of_sizes_takes_the_sign_of_the_divisor():
         as_lowered = executorch_dynamic(model, {"tokens": torch.randn(2, 7, 3)})
     with pytest.raises(RuntimeError, match="0x12"):  # padded by -3, a block short: the view refuses its size
         as_lowered(tokens=torch.randn(2, 7, 3))
+
+
+def test_executorch_half_layer_norm_over_256_channels_matches_eager():
+    """Swin V2's last stages normalize 256 channels, where ExecuTorch's optimized layer norm takes its SIMD path,
+    which is wrong in half precision."""
+    context = built_by_the_sweep("Swinv2Model").in_dtype("float16")
+    exported = export_tiny(context, "executorch")
+    assert "_fix_half_layer_norm_in_float32" in exported.applied
+    assert_parity(exported(**context.inputs["A"]), context.expected["A"], DTYPE_TOLERANCE["float16"][0])
+    norm, hidden = context.model.layernorm, torch.randn(2, 4, 256, dtype=torch.float16)
+    assert norm.normalized_shape == (256,)
+    with disabled_workarounds("_fix_half_layer_norm_in_float32"):
+        (as_lowered,) = export_module(norm, {"input": hidden}, "executorch")(input=hidden).values()
+    assert (torch.as_tensor(as_lowered).float() - norm(hidden).float()).abs().max() > 1
