@@ -54,11 +54,16 @@ def _call(graph, target, *args, **kwargs):
     return node
 
 
-def _call_after(graph, anchor, target, *args, after=None):
-    """A node ``target(anchor, *args)`` right after ``after`` (by default ``anchor``), with its fake value. The
-    anchor may be a list of nodes (a concatenation's), given ``after``."""
+def _call_after(graph, anchor, target, *args, after=None, **kwargs):
+    """A node ``target(anchor, *args, **kwargs)`` right after ``after`` (by default ``anchor``), with its fake value.
+    The anchor may be a list of nodes (a concatenation's), given ``after``."""
     with graph.inserting_after(after or anchor):
-        return _call(graph, target, anchor, *args)
+        return _call(graph, target, anchor, *args, **kwargs)
+
+
+def _users_moved_to(node, replacement) -> None:
+    """Every user of ``node`` but ``replacement`` (which reads it) reads ``replacement`` instead."""
+    node.replace_all_uses_with(replacement, delete_user_cb=lambda user: user is not replacement)
 
 
 # argument names of the convolutions a program may hold, in order
@@ -159,10 +164,7 @@ def _widen_by_a_leading_axis(graph, node, *args) -> None:
         for output in outputs:
             output.meta["val"] = node.meta["val"][output.args[1]]
     for output in outputs:
-        consumers = list(output.users)
-        narrowed = _call_after(graph, output, torch.ops.aten.squeeze.dim, 0)
-        for consumer in consumers:
-            consumer.replace_input_with(output, narrowed)
+        _users_moved_to(output, _call_after(graph, output, torch.ops.aten.squeeze.dim, 0))
 
 
 @register_fx_node_fix(
@@ -189,11 +191,7 @@ def _fix_half_layer_norm_in_float32(graph_module, node) -> bool:
             else arg for arg in node.args
         )  # fmt: skip
     node.meta["val"] = node.target(*torch.fx.node.map_arg(node.args, lambda arg: arg.meta["val"]))
-    consumers = list(node.users)
-    with graph.inserting_after(node):
-        narrowed = _call(graph, torch.ops.aten._to_copy.default, node, dtype=dtype)
-    for consumer in consumers:
-        consumer.replace_input_with(node, narrowed)
+    _users_moved_to(node, _call_after(graph, node, torch.ops.aten._to_copy.default, dtype=dtype))
     return True
 
 
@@ -237,10 +235,7 @@ def _fix_prelu_for_xnnpack(graph_module, node) -> bool:
         widened = _call_after(graph, widened, torch.ops.aten.unsqueeze.default, axis, after=node.prev)
     node.args = (widened, *node.args[1:])
     node.meta["val"] = torch.ops.aten.prelu.default(*torch.fx.node.map_arg(node.args, lambda arg: arg.meta["val"]))
-    consumers = list(node.users)
-    narrowed = _call_after(graph, node, torch.ops.aten.squeeze.dims, list(range(rank, 4)))
-    for consumer in consumers:
-        consumer.replace_input_with(node, narrowed)
+    _users_moved_to(node, _call_after(graph, node, torch.ops.aten.squeeze.dims, list(range(rank, 4))))
     return True
 
 
