@@ -2,6 +2,8 @@
 workaround and fails, or differs from eager, without it.
 """
 
+import copy
+
 import pytest
 import torch
 
@@ -267,17 +269,32 @@ def test_executorch_remainder_of_sizes_takes_the_sign_of_the_divisor():
         as_lowered(tokens=torch.randn(2, 7, 3))
 
 
-def test_executorch_half_layer_norm_over_256_channels_matches_eager():
-    """Swin V2's last norm takes 256 channels, where ExecuTorch's optimized layer norm takes its SIMD path, which is
-    wrong in half precision (the whole model came out 3.8 off)."""
-    norm = built_by_the_sweep("Swinv2Model").in_dtype("float16").model.layernorm
-    assert norm.normalized_shape == (256,) and norm.weight.dtype == torch.float16
-    hidden = torch.randn(2, 4, 256, dtype=torch.float16)
+@pytest.fixture(scope="module")
+def swin_v2_last_norm():
+    """Swin V2's last norm: 256 channels, where ExecuTorch's optimized layer norm takes its SIMD path."""
+    norm = built_by_the_sweep("Swinv2Model").model.layernorm
+    assert norm.normalized_shape == (256,)
+    return norm
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_executorch_half_layer_norm_over_256_channels_matches_eager(swin_v2_last_norm, dtype):
+    norm = copy.deepcopy(swin_v2_last_norm).to(getattr(torch, dtype))
+    hidden = torch.randn(2, 4, 256, generator=torch.Generator().manual_seed(0)).to(norm.weight.dtype)
+    want = norm(hidden)
     exported = export_module(norm, {"input": hidden}, "executorch")
     assert "_fix_half_layer_norm_in_float32" in exported.applied
     (got,) = exported(input=hidden).values()
-    atol = DTYPE_TOLERANCE["float16"][0]
-    torch.testing.assert_close(torch.as_tensor(got), norm(hidden), atol=atol, rtol=atol)
+    atol = DTYPE_TOLERANCE[dtype][0]
+    torch.testing.assert_close(got, want, atol=atol, rtol=atol)
     with disabled_workarounds("_fix_half_layer_norm_in_float32"):
         (as_lowered,) = export_module(norm, {"input": hidden}, "executorch")(input=hidden).values()
-    assert (torch.as_tensor(as_lowered).float() - norm(hidden).float()).abs().max() > 1
+    assert (as_lowered.float() - want.float()).abs().max() > 1  # the SIMD path's error, units not ulps
+
+
+def test_executorch_float32_layer_norm_is_left_alone(swin_v2_last_norm):
+    hidden = torch.randn(2, 4, 256, generator=torch.Generator().manual_seed(0))
+    exported = export_module(swin_v2_last_norm, {"input": hidden}, "executorch")
+    assert "_fix_half_layer_norm_in_float32" not in exported.applied
+    (got,) = exported(input=hidden).values()
+    assert_parity({"out": got}, {"out": swin_v2_last_norm(hidden)}, TOLERANCE["executorch"])
