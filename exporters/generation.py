@@ -334,7 +334,15 @@ def export_for_generation(
         static_cache = {f"{CACHE}.{name}": tensor for name, tensor in named_leaves(empty).items()}
         prefill_inputs.update(past_key_values=empty, cache_position=torch.arange(prompt["input_ids"].shape[1]))
     with torch.no_grad():  # the decode step's example inputs come from one eager prefill
-        first = model(**copy.deepcopy(prefill_inputs))
+        try:
+            first = model(**copy.deepcopy(prefill_inputs))
+        except Exception:  # noqa: BLE001 - any model's own code: what it raises is its own
+            if model.generation_config.use_cache is not False or prefill_inputs.get("use_cache") is not True:
+                raise
+            # generate() runs this model without a cache, and its forward cannot make one (BLT sizes its cache from
+            # a config that has no layer count): the program re-reads the sequence at every step, as generate() does
+            prefill_inputs["use_cache"] = False
+            first = model(**copy.deepcopy(prefill_inputs))
     cache_input = cache_name(model)
     if getattr(first, cache_input, None) is None and not encoder_decoder and cache == "dynamic":
         # no cache to return (GPT-1, BERT as a decoder): generate() re-reads the sequence at every step, and so does

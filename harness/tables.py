@@ -385,7 +385,8 @@ TINY_OVERRIDES: dict[str, dict] = {
     # small as the shift (1e-7), and the depth turns on rounding
     "chmv2": {"initializer_range": 0.1},
     # its model builds its cache from the composite config, which has no num_hidden_layers (transformers 5.23
-    # fails there in eager too): the forward runs without one; its byte n-gram hash table has 500k rows per n
+    # fails there in eager too; huggingface/transformers#47916 proposed a decoder alias and was closed unmerged):
+    # the forward runs without one; its byte n-gram hash table has 500k rows per n
     "blt": {"use_cache": False, "encoder_hash_byte_group_vocab": 64},
     # the quantizer reads the concatenated acoustic and semantic states: its width is their sum; X-Codec 2's encoder
     # and init scale (above)

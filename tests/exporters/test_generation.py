@@ -157,6 +157,18 @@ def test_a_cacheless_model_that_appends_a_token_to_each_step_is_fed_it_after_the
     assert generator.cache is None and generator.appended.tolist() == [[0], [0]]  # the tiny config's mask token
 
 
+def test_a_model_that_cannot_make_its_own_cache_generates_without_one_as_generate_does():
+    """BLT's forward sizes the cache it makes from a config that has no layer count, so its tiny config, like
+    generate(), runs without one. The prefill asked for a cache anyway and failed before any export."""
+    model, prompt = _sweep_class("BltForCausalLM")
+    assert model.generation_config.use_cache is False
+    generator = _generates_like_eager(model, prompt)
+    assert generator.cache is None and generator.prefill is generator.decode
+    model, prompt = _sweep_class("MptForCausalLM")  # its config says no cache too, but its forward can make one
+    assert model.generation_config.use_cache is False
+    assert _generates_like_eager(model, prompt).cache == "past_key_values"
+
+
 def test_an_encoder_decoder_reading_its_encoders_downsampled_mask_gets_it_from_the_prefill():
     """Moonshine's decoder reads ``encoder_outputs.attention_mask``, the mask its encoder downsampled, which the
     model's own output drops: the prefill returns it, and every decode step takes it beside the states."""
