@@ -14,8 +14,9 @@ Around ``to_edge_transform_and_lower`` and ``to_executorch``, in five stages, on
 
 To-edge then runs without the decompositions that would change nothing (``decompositions.py``), to-edge and
 to-executorch generate the Python code of a graph only when it is used (``exporters/graph_code.py``), XNNPACK's
-partitioner tests a merge from the pair's side (``partition_merging.py``), and the whole export computes a size
-expression's facts once (``exporters/expression_facts.py``): cost cuts, not workarounds; the programs are the same.
+partitioner tests a merge from the pair's side (``partition_merging.py``), the graph is sorted again in place after
+each partition is cut out (``graph_sorting.py``), and the whole export computes a size expression's facts once
+(``exporters/expression_facts.py``): cost cuts, not workarounds; the programs are the same.
 
 ExecuTorch is imported on first use: it costs seconds, and the other backends do not need it. The artifact,
 ``ExecutorchExported``, is in ``runtime.py``.
@@ -43,6 +44,7 @@ from ..registration import (
 from ..rewrites import without_autograd_for_scans
 from ..stages import StageLog
 from .decompositions import redundant_decompositions_skipped
+from .graph_sorting import graph_sorted_in_place
 from .partition_merging import partition_merging_over_the_pair
 from .runtime import ExecutorchExported
 
@@ -85,6 +87,7 @@ class ExecutorchExporter:
 
                 active.enter_context(graph_code_on_demand())
                 active.enter_context(partition_merging_over_the_pair())
+                active.enter_context(graph_sorted_in_place())
                 with log.stage("to-edge"), redundant_decompositions_skipped(traced.program, partitioners):
                     edge = to_edge_transform_and_lower(traced.program, partitioner=partitioners)
                 lowered = edge.exported_program()

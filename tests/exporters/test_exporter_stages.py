@@ -129,7 +129,8 @@ def test_executorch_lowers_the_same_program_with_its_cost_cuts(tiny, monkeypatch
     """to-edge skips the two of its three re-traces that change nothing (the empty-table pass; the last one, whose
     table only a dynamic program's size queries use), to-edge and to-executorch make a graph's Python code only when
     it is called or read, the export walks a size expression once for each of its facts, XNNPACK's partitioner tests
-    a merge from the pair's side, and the program serialized is the same byte for byte."""
+    a merge from the pair's side, the graph is sorted in place after each partition, and the program serialized is
+    the same byte for byte."""
     from torch.export import ExportedProgram
 
     from exporters.executorch.backends import warm_up_xnnpack
@@ -155,6 +156,7 @@ def test_executorch_lowers_the_same_program_with_its_cost_cuts(tiny, monkeypatch
     monkeypatch.setattr("exporters.executorch.exporter.graph_code_on_demand", nullcontext)
     monkeypatch.setattr("exporters.expression_facts.expression_facts_remembered", nullcontext)
     monkeypatch.setattr("exporters.executorch.exporter.partition_merging_over_the_pair", nullcontext)
+    monkeypatch.setattr("exporters.executorch.exporter.graph_sorted_in_place", nullcontext)
     retraces.clear()
     generated.clear()
     without_cuts = export_tiny(model, "executorch", dynamic)
@@ -215,6 +217,32 @@ def test_xnnpack_merges_the_same_partitions_when_it_tests_a_merge_from_the_pairs
     export_tiny(tiny("BertModel"), "executorch", dynamic=True)
     assert set(answers) == {(True, True), (False, False)}, answers  # 112 merges, 1,002 refusals
     assert GroupBasedPartitioner.__dict__["_can_merge_partitions"] is upstream
+
+def test_a_graph_sorted_in_place_after_each_partition_lowers_to_the_same_program(monkeypatch):
+    """Wav2Vec2's dynamic lowering sorts its graph 30 times, with a chain of size arithmetic torch takes first: moved
+    in place, the nodes come out in legalize_graph's order, with its names and its order of users, which the next
+    sort walks (without that last, the size chain came out in another order)."""
+    import executorch.exir.lowered_backend_module as lowered_backend_module
+
+    from exporters.executorch import graph_sorting
+
+    model = built_by_the_sweep("Wav2Vec2Model")
+    sorts = []
+
+    @contextmanager
+    def counted():
+        with graph_sorting.graph_sorted_in_place():
+            assert lowered_backend_module.legalize_graph is graph_sorting.sort_in_place
+            lowered_backend_module.legalize_graph = lambda module: sorts.append(1) or graph_sorting.sort_in_place(module)
+            yield
+
+    monkeypatch.setattr("exporters.executorch.exporter.graph_sorted_in_place", counted)
+    sorted_in_place = export_module(model.model, model.inputs["A"], "executorch", dynamic=True)
+    monkeypatch.setattr("exporters.executorch.exporter.graph_sorted_in_place", nullcontext)
+    copied = export_module(model.model, model.inputs["A"], "executorch", dynamic=True)
+    assert len(sorts) > 10 and sorted_in_place.program == copied.program
+    assert lowered_backend_module.legalize_graph.__module__ == "torch.fx.passes.tools_common"  # restored
+
 
 def test_a_graph_module_made_with_code_on_demand_makes_it_when_called_or_when_its_specs_are_read():
     from torch.fx._lazy_graph_module import _LazyGraphModule
