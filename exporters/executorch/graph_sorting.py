@@ -21,13 +21,13 @@ from collections.abc import Iterator
 import torch
 
 # what legalize_graph takes first once its inputs are ready (torch 2.13): size arithmetic, comparisons and
-# assertions, so that a check comes before the data-dependent ops it guards; a test compares the two orders
-_TAKEN_FIRST = frozenset({
+# assertions, so that a check comes before the data-dependent ops it guards; a test compares the two lists
+_TAKEN_FIRST = (
     operator.add, operator.mul, operator.sub, operator.floordiv, operator.truediv, operator.mod, operator.le,
     operator.lt, operator.ge, operator.gt, operator.eq, operator.ne, torch.ops.aten.sym_constrain_range.default,
     torch.ops.aten.sym_constrain_range_for_size.default, torch.ops.aten._assert_async.msg,
     torch.ops.aten.scalar_tensor.default, torch.ops.aten._assert_scalar.default,
-})  # fmt: skip
+)  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -52,8 +52,12 @@ def sort_in_place(graph_module: torch.fx.GraphModule) -> torch.fx.GraphModule:
     names = _Namespace()  # a new graph's, filled in the new order: later nodes are named as after legalize_graph
     lookup = type(graph._find_nodes_lookup_table)()
     for node in order:
-        if names.create_name(node.name, None) != node.name:  # legal and unique in the graph already: never here
-            raise RuntimeError(f"node {node.name!r} would be renamed by a topological sort")
+        if names.create_name(node.name, None) != node.name:
+            # a name torch.export gave an input that a new graph refuses (`input`, `type`): torch's copy renames it,
+            # and the graph is not touched yet
+            from torch.fx.passes.tools_common import legalize_graph
+
+            return legalize_graph(graph_module)
         names.associate_name_with_obj(node.name, node)
     users: dict[torch.fx.Node, dict] = {node: {} for node in order}
     for node in order:

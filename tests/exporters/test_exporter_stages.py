@@ -244,6 +244,41 @@ def test_a_graph_sorted_in_place_after_each_partition_lowers_to_the_same_program
     assert lowered_backend_module.legalize_graph.__module__ == "torch.fx.passes.tools_common"  # restored
 
 
+def test_the_in_place_sort_takes_first_the_ops_torchs_sort_takes_first():
+    import ast
+    import inspect
+    import operator
+
+    from torch.fx.passes.tools_common import legalize_graph
+
+    from exporters.executorch.graph_sorting import _TAKEN_FIRST
+
+    tree = ast.parse(inspect.getsource(legalize_graph).lstrip())
+    (listed,) = [node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                 and getattr(node.targets[0], "id", None) == "PRIORITIZED_OPS"]  # fmt: skip
+    names = {"operator": operator, "torch": torch}
+    assert [eval(compile(ast.Expression(item), "<ops>", "eval"), names) for item in listed.elts] == list(_TAKEN_FIRST)
+
+
+def test_a_graph_whose_input_name_a_new_graph_refuses_is_sorted_by_torch(monkeypatch):
+    """torch.export names a placeholder after its input as is (`input`); a copied graph renames it `input_1`. The
+    in-place sort would keep a name no copy has, so it leaves such a graph to torch's sort."""
+    from torch.fx.passes.tools_common import legalize_graph
+
+    from exporters.executorch.graph_sorting import sort_in_place
+
+    class Add(torch.nn.Module):
+        def forward(self, input, y):  # noqa: A002 - the name is the case
+            return input + y
+
+    def sorted_names(sort):
+        module = torch.export.export(Add(), (torch.ones(2), torch.ones(2))).graph_module
+        assert [node.name for node in module.graph.nodes][0] == "input"
+        return [node.name for node in sort(module).graph.nodes]
+
+    assert sorted_names(sort_in_place) == sorted_names(legalize_graph) == ["input_1", "y", "add", "output"]
+
+
 def test_a_graph_module_made_with_code_on_demand_makes_it_when_called_or_when_its_specs_are_read():
     from torch.fx._lazy_graph_module import _LazyGraphModule
 
