@@ -6,6 +6,7 @@
 #
 #   bash docs/coverage/full_sweep.sh run     # restore the archives, then run or resume each unfinished part
 #   bash docs/coverage/full_sweep.sh save    # archive every shard run so far into docs/coverage/sweep/ (commit it)
+#   bash docs/coverage/full_sweep.sh status  # each part's cells done of planned, and the hours left at the pace so far
 #   bash docs/coverage/full_sweep.sh report  # all parts done: merge the shards, write the dashboard and summary.md
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -63,6 +64,41 @@ save)
         echo "$(basename "$out"): $(ls "$out/cells" | wc -l) cells"
     done
     ;;
+status)
+    "$main/.venv/bin/python" - "$runs" "$shards" <<'EOF'
+import json, pathlib, sys
+runs, shards = pathlib.Path(sys.argv[1]), int(sys.argv[2])
+planned = {}  # part -> cells it runs: a shard's from the plan every shard writes, the sample's from its own
+for plan_file in runs.glob("*/plan.json"):
+    plan = json.loads(plan_file.read_text())
+    sample = bool(plan.get("selection", {}).get("sample"))
+    counts = {}
+    for entry in plan.get("classes", {}).values():
+        part = plan_file.parent.name if sample else f"shard-{entry['shard']}"
+        counts[part] = counts.get(part, 0) + len(entry["cells"])
+    planned.update(counts)
+seconds = done = left = 0
+for part in [f"shard-{i}" for i in range(1, shards + 1)] + ["half"]:
+    cells = []
+    for path in (runs / part / "cells").glob("*.json"):
+        try:
+            cells.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as error:  # the run itself reports and re-runs such a cell
+            print(f"{path}: unreadable, not counted ({error})", file=sys.stderr)
+    run = runs / part / "run.json"
+    finished = run.exists() and json.loads(run.read_text()).get("finished_at")
+    total = planned.get(part)
+    seconds += sum(cell.get("seconds") or 0 for cell in cells)
+    done += len(cells)
+    left += 0 if finished else max((total or 0) - len(cells), 0)
+    state = "finished" if finished else ("not started" if not cells else "started")
+    print(f"{part:9s} {len(cells):5d} of {total if total is not None else '?':>5} cells  {state}")
+if done:
+    hours = left * seconds / done / 3600
+    print(f"left: {left} cells, about {hours:.1f} cell-hours, {hours / 2:.1f} h on 2 workers, at the pace so far"
+          " (a part with no plan yet, '?', is not counted)")
+EOF
+    ;;
 report)
     restore
     for part in $(seq -f "shard-%g" 1 $shards) half; do
@@ -85,7 +121,7 @@ open(sys.argv[3], "w").write(full[:at] + section + full[at:])
 EOF
     ;;
 *)
-    sed -n "2,9s/^# \{0,1\}//p" "$0" >&2
+    sed -n "2,10s/^# \{0,1\}//p" "$0" >&2
     exit 2
     ;;
 esac
