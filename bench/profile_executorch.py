@@ -14,7 +14,9 @@ one after the other (not under the sweep's workers), so the profile sees them wh
 
 With --compare, every cell runs twice, before and after the cost cuts (the decompositions that change nothing,
 `exporters/executorch/decompositions.py`; graph code made only when used, in torch.export and the lowering,
-`exporters/graph_code.py`; size expressions' facts computed once, `exporters/expression_facts.py`), in alternating
+`exporters/graph_code.py`; size expressions' facts computed once, `exporters/expression_facts.py`; XNNPACK's
+partition merges tested from the pair's side, `partition_merging.py`, and the graph sorted in place after each
+partition, `graph_sorting.py`, both in `exporters/executorch/`), in alternating
 order, each profiled on its own: the two profiles, each cell's status and stage both ways, and the to-edge and
 cell-time ratios, all from one run on one machine. Both variants start from the same warm-up (`warm_imports`,
 which also freezes what it loaded out of the garbage collector's sight).
@@ -45,7 +47,8 @@ from harness.workers import warm_imports
 # the cost cuts --compare switches off for "before", by module and name
 CUTS = {(module, name): getattr(module, name) for module, name in (
     (executorch_exporter, "redundant_decompositions_skipped"), (executorch_exporter, "graph_code_on_demand"),
-    (dynamo_exporter, "graph_code_on_demand"), (expression_facts, "expression_facts_remembered"))}
+    (dynamo_exporter, "graph_code_on_demand"), (expression_facts, "expression_facts_remembered"),
+    (executorch_exporter, "partition_merging_over_the_pair"), (executorch_exporter, "graph_sorted_in_place"))}
 
 # (stage, test on a frame) from the outside in: the first frame of a stack that matches names its stage
 STAGES = [
