@@ -175,7 +175,7 @@ class RunView:
         return (end - start).total_seconds()
 
 
-def _percent(passed: int, total: int) -> float:
+def percent(passed: int, total: int) -> float:
     return math.floor(1000.0 * passed / total) / 10 if total else 0.0  # 99.95% is not 100.0%
 
 
@@ -191,7 +191,7 @@ def eager_tile(view: RunView) -> dict | None:
     failed = Counter(category(r) for r in first.values() if r.status != "pass" and r.stage in SHARED_STAGES)
     passed = len(first) - sum(failed.values())
     return {"backend": "eager", "shape": "classes", "passed": passed, "total": len(first),
-            "percent": _percent(passed, len(first)), "counts": Counter({"pass": passed}) + failed}  # fmt: skip
+            "percent": percent(passed, len(first)), "counts": Counter({"pass": passed}) + failed}  # fmt: skip
 
 
 def tiles(view: RunView, baseline: RunView | None = None) -> list[dict]:
@@ -207,7 +207,7 @@ def tiles(view: RunView, baseline: RunView | None = None) -> list[dict]:
         if missing:
             counts["missing"] = missing
         result.append({"backend": backend, "shape": shape, "passed": passed, "total": len(cells) + missing,
-                       "percent": _percent(passed, len(cells) + missing), "counts": counts})  # fmt: skip
+                       "percent": percent(passed, len(cells) + missing), "counts": counts})  # fmt: skip
     if baseline is not None:
         before = {(tile["backend"], tile["shape"]): tile for tile in tiles(baseline)}
         for tile in result:
@@ -233,8 +233,8 @@ def dtype_shares(view: RunView) -> list[dict]:
         passed, unavailable = counts["pass"], counts.get("unavailable", 0)
         runnable = len(cells) - unavailable
         rows.append({"backend": backend, "shape": cells[0].shape_mode, "dtype": cells[0].dtype, "base": len(cells),
-                     "passed": passed, "unavailable": unavailable, "percent": _percent(passed, len(cells)),
-                     "percent_runnable": _percent(passed, runnable) if runnable else None, "counts": counts})  # fmt: skip
+                     "passed": passed, "unavailable": unavailable, "percent": percent(passed, len(cells)),
+                     "percent_runnable": percent(passed, runnable) if runnable else None, "counts": counts})  # fmt: skip
     return rows
 
 

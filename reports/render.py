@@ -11,6 +11,8 @@ from xml.sax.saxutils import quoteattr
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
+from harness.models import GENERATIVE_TASKS
+
 from . import data
 
 HERE = Path(__file__).resolve().parent
@@ -195,6 +197,7 @@ def summary_markdown(view, tiles, changes, buckets, stale, cost) -> str:
             runnable = "-" if row["percent_runnable"] is None else f"{row['percent_runnable']:.1f}"
             lines.append(f"| {row['backend']} | {row['shape']} | {row['dtype']} | {row['base']} | {row['passed']} | "
                          f"{row['unavailable']} | {row['percent']:.1f} | {runnable} |")  # fmt: skip
+    lines += _generate_by_task_markdown(view)
     lines += _cost_markdown(cost)
     lines += ["", "## Largest failure buckets", ""]
     lines += [f"{i}. {b['count']} cells, {md_code(b['signature'][:160])}" for i, b in enumerate(buckets[:10], 1)] or ["none"]
@@ -206,6 +209,24 @@ def summary_markdown(view, tiles, changes, buckets, stale, cost) -> str:
         lines += ["", f"## Unreadable files ({len(view.corrupt)})", ""]
         lines += [f"- {md_text(problem)}" for problem in view.corrupt[:50]]
     return "\n".join(lines) + "\n"
+
+
+def _generate_by_task_markdown(view) -> list[str]:
+    """The generate columns of the overview's pass rates by task, for the tasks that make a class generate; a class
+    counts under each of them it serves."""
+    columns = [f"{backend}-{mode}" for backend, mode in view.columns if mode.startswith("generate")]
+    by_task = {row["value"]: row for row in data.breakdown(view) if row["group"] == "task"}
+    rows = [by_task[task] for task in GENERATIVE_TASKS if task in by_task and any(c in by_task[task]["cells"] for c in columns)]
+    if not rows:
+        return []
+    lines = ["", "## Generate, by task", "",
+             "Generate cells on record that give eager greedy's tokens, by the task of their class.", "",
+             "| task | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]  # fmt: skip
+    for row in rows:
+        tallies = (row["cells"].get(column, (0, 0)) for column in columns)
+        cells = (f"{passed} / {total} ({data.percent(passed, total):.1f} %)" if total else "-" for passed, total in tallies)
+        lines.append(f"| {md_text(row['value'])} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _cost_markdown(cost: dict) -> list[str]:

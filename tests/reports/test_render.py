@@ -233,6 +233,29 @@ def test_the_summary_counts_half_precision_against_what_passes_in_float32(tmp_pa
     assert "| executorch | static | float16 | 3 | 1 | 1 | 33.3 | 50.0 |" in summary
 
 
+def test_the_summary_tells_generate_by_task_counting_a_class_under_each_task_it_generates_for(tmp_path):
+    store = RunStore(tmp_path)
+    store.create({"models": "synthetic", "backends": ["dynamo", "executorch"], "shapes": ["static", "generate"]})
+    classes = {  # class: (tasks, dynamo generate, executorch generate)
+        "LmForCausalLM": (["causal-lm"], "pass", "pass"),
+        "VlmForConditionalGeneration": (["image-text-to-text", "multimodal-lm"], "pass", "fail"),
+        "OtherVlmForConditionalGeneration": (["causal-lm", "image-text-to-text"], "pass", "pass"),
+    }
+    for name, (tasks, *statuses) in classes.items():
+        store.write(synthetic_record(name, backend="dynamo"))  # a single forward: not in the table
+        for backend, status in zip(("dynamo", "executorch"), statuses):
+            record = synthetic_record(name, backend=backend, shape="generate", status=status)
+            record.task, record.tasks = tasks[0], tasks
+            store.write(record)
+    store.finish()
+    summary = (write_report(tmp_path) / "summary.md").read_text()
+    table = summary[summary.index("## Generate, by task"):summary.index("## Cost")]
+    assert "| task | dynamo-generate | executorch-generate |" in table
+    assert "| causal-lm | 2 / 2 (100.0 %) | 2 / 2 (100.0 %) |" in table
+    assert "| image-text-to-text | 2 / 2 (100.0 %) | 1 / 2 (50.0 %) |" in table
+    assert "multimodal-lm" not in table  # a task of the class, not one it generates for
+
+
 def test_the_summary_and_overview_say_what_the_run_cost(tmp_path):
     store = RunStore(tmp_path)
     store.create({"models": "synthetic", "backends": ["executorch"], "shapes": ["static", "dynamic"]})
