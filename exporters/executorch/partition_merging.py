@@ -5,7 +5,9 @@ ExecuTorch's ``GroupBasedPartitioner`` (1.5.1) tries to merge every pair of part
 pair, it reads the whole set of nodes downstream of that node, looking for one inside the pair: a merge would make a
 cycle. In a large graph cut into many partitions, that scan dominates to-edge (Nemotron 3.5 Transcribe's dynamic
 lowering: over a quarter of it, docs/performance.md). Whether two sets meet is answered by walking the smaller one,
-here the pair; the answer, and then the same graph check ExecuTorch makes last, are unchanged.
+here the pair; the answer, and then the same graph check ExecuTorch makes last, are unchanged. Upstream cut the
+same merge loop once (pytorch/executorch#12798: pairs with a partition already merged are not tried); the scan of
+each downstream set stayed.
 
 The upstream change that would make this module unneeded: ``_can_merge_partitions`` testing
 ``combined_nodes.isdisjoint(downstream_nodes)`` instead of scanning ``downstream_nodes``.
