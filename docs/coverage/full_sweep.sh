@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The coverage campaign's full sweep: every class x every backend x static,dynamic,generate, in 10 shards run one
 # after another at one pinned commit (sweep/SHA), niced, then the seeded 200-class half-precision sample (static,
-# float32,bfloat16,float16) at the same commit. It takes about a day on 2 cores, longer than a machine is kept, so
-# the records are archived beside this file and committed: a fresh machine resumes where they stop.
+# float32,bfloat16,float16) at the same commit, its float32 cells taken from the shards. It takes about a day on 2
+# cores, longer than a machine is kept, so the records are archived beside this file and committed: a fresh machine
+# resumes where they stop.
 #
 #   bash docs/coverage/full_sweep.sh run     # restore the archives, then run or resume each unfinished part
 #   bash docs/coverage/full_sweep.sh save    # archive every shard run so far into docs/coverage/sweep/ (commit it)
@@ -51,6 +52,19 @@ run)
     done
     finished "$runs/half" && exit 0
     echo "$(date -u +%FT%TZ) half precision"
+    if [ ! -e "$runs/half/run.json" ]; then
+        # the sample's float32 cells are the shards' static cells, at the same commit: copied, not run twice
+        mkdir -p "$runs/half/cells"
+        (cd "$tree" && "$main/.venv/bin/python" -m commands run --models all --sample 200 --seed 1 --list) \
+            | awk -F '\t' 'NF == 3 {print $1}' | while read -r model; do
+                for backend in dynamo onnx executorch; do
+                    for cell in "$runs"/shard-*/cells/"$model-$backend-static.json"; do
+                        if [ -e "$cell" ]; then cp "$cell" "$runs/half/cells/"; fi
+                    done
+                done
+            done
+        echo "half precision: $(ls "$runs/half/cells" | wc -l) float32 cells taken from the shards"
+    fi
     (cd "$tree" && nice -n 19 "$main/.venv/bin/python" -m commands run --models all --sample 200 --seed 1 \
         --backends dynamo,onnx,executorch --shapes static --dtypes float32,bfloat16,float16 --jobs 2 --no-cache \
         --resume --no-report --out "$runs/half") || echo "half precision exited $?: its records stay, run again"
