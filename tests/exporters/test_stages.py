@@ -92,3 +92,21 @@ def test_failure_inside_the_converter_keeps_the_inner_stage():
         assert _raising_stage(_exporter_stages(failure.value.stages), failure.value.stage).name == "decompositions"
     finally:
         registration.FX_NODE_FIXES["onnx"].remove(_fix_explodes)
+
+
+def test_an_executorch_runtime_failure_says_what_the_runtime_logged(tiny, capsys):
+    """The runtime tells Python a status code only, and its reason in a log its bindings write to sys.stderr."""
+    from exporters.executorch.runtime import explained
+
+    bert = tiny("BertModel")
+    exported = exporters.ExecutorchExporter().export(bert.model, bert.inputs["A"])  # static: batch 2, length 7
+    capsys.readouterr()
+    with pytest.raises(RuntimeError) as failure:
+        exported(**bert.inputs["B"])  # batch 3, length 5
+    message = str(failure.value)
+    assert "failed with error 0x10 (NotSupported): Attempted to resize a static tensor" in message, message
+    assert "Expected shape (2, 7), but received (3, 5)" in message and "\n" not in message
+    assert "Attempted to resize a static tensor" in capsys.readouterr().err  # the log keeps it
+    assert explained("method->execute() failed with error 0x12", "") == (
+        "method->execute() failed with error 0x12 (InvalidArgument)"
+    )
