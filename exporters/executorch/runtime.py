@@ -57,6 +57,7 @@ ERROR_NAMES = {
 }  # fmt: skip
 _ERROR_CODE = re.compile(r"error:? 0x:?([0-9a-fA-F]+)\b")
 _LOG_SOURCE = re.compile(r"^\[[\w.]+:\d+\]\s*")  # "[op_copy.cpp:37] ": where in the runtime's code
+_LOG_NOISE = re.compile(r"^arg \d+ with type id \d+$")  # the failed kernel's arguments, listed after its failure
 _LOG_LINES_KEPT = 3
 
 
@@ -94,7 +95,7 @@ def explained(message: str, log: str) -> str:
     if code and int(code.group(1), 16) in ERROR_NAMES:
         message = f"{message} ({ERROR_NAMES[int(code.group(1), 16)]})"
     lines = [_LOG_SOURCE.sub("", line).strip().rstrip(".:") for line in log.splitlines()]
-    lines = [line for line in lines if line][-_LOG_LINES_KEPT:]
+    lines = [line for line in lines if line and not _LOG_NOISE.match(line)][-_LOG_LINES_KEPT:]
     return f"{message}: {'; '.join(lines)}" if lines else message
 
 

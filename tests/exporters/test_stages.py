@@ -110,3 +110,10 @@ def test_an_executorch_runtime_failure_says_what_the_runtime_logged(tiny, capsys
     assert explained("method->execute() failed with error 0x12", "") == (
         "method->execute() failed with error 0x12 (InvalidArgument)"
     )
+    log = ("[op_copy.cpp:37] Check failed (tensor_is_broadcastable_to(src, in)): \n"
+           "[method.cpp:1483] KernelCall failed at instruction 0:194 in operator aten::copy.out: 0x12\n"
+           "[method.cpp:1493] arg 0 with type id 1\n[method.cpp:1493] arg 1 with type id 1\n")  # fmt: skip
+    assert explained("method->execute() failed with error 0x12", log) == (
+        "method->execute() failed with error 0x12 (InvalidArgument): Check failed (tensor_is_broadcastable_to(src, in)); "
+        "KernelCall failed at instruction 0:194 in operator aten::copy.out: 0x12"
+    )
