@@ -103,14 +103,14 @@ def execute_run(args, plan, index, classes) -> int:
     print(f"export-sweep: {len(classes)} classes, {sweep.total} cells to run ({len(sweep.done)} already done, "
           f"{sum(reused.values())} of them unchanged since an earlier run) with {args.jobs} workers -> {out}",
           file=sys.stderr)  # fmt: skip
-    with quiet(out / "logs" / "sweep.log", args.verbose) as console:
+    with quiet(store.logs_dir / "sweep.log", args.verbose) as console:
         counts = Counter(reused)
         if sweep.total:
             warm_imports(plan.backends)
             # the ledger of this run names the code that ran
             write_listing(out, ledger(tuple(plan.backends)))
             worker_options = WorkerOptions(
-                timeout=args.timeout, memory_cap_mb=args.memory_cap, log_dir=out / "logs",
+                timeout=args.timeout, memory_cap_mb=args.memory_cap, log_dir=store.logs_dir,
                 threads=max(1, (os.cpu_count() or 1) // args.jobs), disabled_workarounds=tuple(args.disable_workarounds),
             )  # fmt: skip
             progress = Progress(sweep.total, stream=console.err, estimates=estimates, pending=pending)

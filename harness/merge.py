@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .ledger import WORKAROUNDS_FILE
 from .plan import SweepPlan, plan_of_run
-from .store import CELLS_DIR, RUN_FILE, PLAN_FILE, RunStore, fsync_folder, write_json_atomic
+from .store import CELLS_DIR, LOGS_DIR, RUN_FILE, PLAN_FILE, RunStore, fsync_folder, write_json_atomic
 
 
 @dataclass
@@ -128,9 +128,8 @@ def _build(out: Path, sources, metadata, files, plan, shard_of, merged: Merged) 
         if listing is not None:  # the shards ran one commit: one listing
             shutil.copyfile(listing, building / WORKAROUNDS_FILE)
         for source in sources:
-            logs = source.directory / "logs"
-            if logs.is_dir():
-                shutil.copytree(logs, building / "logs", dirs_exist_ok=True)
+            if source.logs_dir.is_dir():
+                shutil.copytree(source.logs_dir, building / LOGS_DIR, dirs_exist_ok=True)
         run = dict(metadata[0])
         run["started_at"] = min((m.get("started_at") or "" for m in metadata), default="") or None
         finished = [m.get("finished_at") for m in metadata]

@@ -21,6 +21,9 @@ from .records import CellRecord
 RUN_FILE = "run.json"
 PLAN_FILE = "plan.json"
 CELLS_DIR = "cells"
+LOGS_DIR = "logs"  # each class's worker output: one file per class, each cell's part opened by a marker line
+CELL_LOG_MARKER = "==> export-sweep cell "
+CELL_LOG_KEPT = 30_000  # characters of a cell's log a reader gets: its end, where a failure is told
 _RUN_TYPES = {"started_at": (str, type(None)), "finished_at": (str, type(None)), "options": (dict,),
               "versions": (dict,), "sessions": (list,), "machine": (dict,), "counts": (dict,),
               "git_sha": (str, type(None)), "plan": (dict, type(None)), "shards": (list,)}  # fmt: skip
@@ -130,6 +133,7 @@ class RunStore:
     def __init__(self, directory: str | Path):
         self.directory = Path(directory)
         self.cells_dir = self.directory / CELLS_DIR
+        self.logs_dir = self.directory / LOGS_DIR
 
     # ── run metadata ──
     def create(self, options: dict, resume: bool = False, plan=None, shard: int | None = None) -> dict:
@@ -247,6 +251,22 @@ class RunStore:
                     raise
                 errors.append(str(error))
         return records
+
+    def cell_log(self, record: CellRecord) -> str | None:
+        """What the cell's worker wrote while it ran the cell (native libraries' logs, warnings, a crash's last
+        words), its last ``CELL_LOG_KEPT`` characters; None when the run kept no log of it."""
+        path = self.logs_dir / f"{record.model_class}.log"
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return None
+        start = text.rfind(f"{CELL_LOG_MARKER}{record.cell_id}\n")  # the last: a resumed run appends
+        if start < 0:
+            return None
+        start = text.index("\n", start) + 1
+        end = text.find(f"\n{CELL_LOG_MARKER}", start)
+        part = text[start : end if end >= 0 else len(text)].strip("\n")
+        return part[-CELL_LOG_KEPT:]
 
     @staticmethod
     def _parse(path: Path) -> CellRecord:

@@ -11,6 +11,7 @@ the same record.
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import os
 import signal
@@ -25,6 +26,7 @@ from pathlib import Path
 from .cells import Cell, ClassContext, new_record, run_cell
 from .models import ModelClass
 from .records import SHARED_STAGES, CellRecord, StageRecord
+from .store import CELL_LOG_MARKER
 
 
 @dataclass
@@ -98,6 +100,7 @@ def _signal_name(number: int) -> str:
 # Reading a child's private memory walks its pages: 21 ms for a 600 MB worker, which at every 0.2 s poll of two
 # workers took a fifth of a core from the cells. Its whole resident set costs 0.02 ms and bounds it from above.
 PRIVATE_MEMORY_EVERY = 2.0  # seconds between reads of a running child's private memory (its peak)
+HANG_DUMP_AHEAD = 1.0  # seconds before its timeout at which a running cell writes its stacks to the log
 
 
 def _resident_mb(pid: int) -> float | None:
@@ -331,6 +334,10 @@ class ClassWorker:
             os.dup2(log, 1)
             os.dup2(log, 2)
             os.close(log)
+            # Python's own streams too: under pytest or a notebook they are not the process' descriptors
+            sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+            sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+        faulthandler.enable(file=2, all_threads=True)  # a crash's last words: the Python stack it died in, in the log
         import torch
 
         torch.set_num_threads(self.options.threads)
@@ -353,5 +360,15 @@ class ClassWorker:
             kind, *cell = connection.recv()
             if kind == "exit":
                 return
-            record = run_cell(Cell(self.model_class, *cell), context, self.registry, on_stage)
+            cell = Cell(self.model_class, *cell)
+            if self.options.log_dir is not None:  # where this cell's part of the class log starts
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os.write(2, f"\n{CELL_LOG_MARKER}{cell.id}\n".encode())
+            # a cell about to be killed for its time says where it is stuck first
+            faulthandler.dump_traceback_later(max(self.options.timeout - HANG_DUMP_AHEAD, 0.1), file=2)
+            try:
+                record = run_cell(cell, context, self.registry, on_stage)
+            finally:
+                faulthandler.cancel_dump_traceback_later()
             connection.send(("record", record.to_dict()))

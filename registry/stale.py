@@ -112,7 +112,7 @@ def rerun_governed_cells(registry: Registry, out: Path, jobs: int, timeout: floa
         warm_imports(backends)
         plan = Plan([classes[name] for name in wanted], tuple(backends), tuple(shapes),
                     only={cell for ids in wanted.values() for cell in ids})  # fmt: skip
-        run_sweep(plan, store, WorkerOptions(timeout=timeout, log_dir=Path(out) / "logs"), jobs, registry=None,
+        run_sweep(plan, store, WorkerOptions(timeout=timeout, log_dir=store.logs_dir), jobs, registry=None,
                   progress=Progress(plan.total))  # fmt: skip
         store.finish()
         present = store.cell_ids()

@@ -134,7 +134,7 @@ def rerun_without_workaround(out: Path, jobs: int, timeout: float, registry=None
     def rerun(row: dict, cells: list[str]) -> dict:
         store = RunStore(Path(out) / f"{row['backend']}-{row['name']}")
         store.create({"purpose": "workaround stale check", "disabled_workarounds": [row["name"]]}, resume=True)
-        options = WorkerOptions(timeout=timeout, log_dir=store.directory / "logs",
+        options = WorkerOptions(timeout=timeout, log_dir=store.logs_dir,
                                 disabled_workarounds=(row["name"],))  # fmt: skip
         records = run_cells(cells, store, options, jobs, registry, Progress(len(cells), every=60))
         store.finish()

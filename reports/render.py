@@ -12,6 +12,7 @@ from xml.sax.saxutils import quoteattr
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from harness.models import GENERATIVE_TASKS
+from harness.store import RunStore
 
 from . import data
 
@@ -97,9 +98,11 @@ def write_report(run_dir, baseline=None, history=None, out=None, stale=None, wor
         page = environment.get_template(template).render(page=filename, root="", **context, **extra)
         _write(site / filename, page)
     cell_template = environment.get_template("cell.html")
+    store = RunStore(run_dir)
     for record in view.records:
+        log = None if record.status in ("pass", "skip") else store.cell_log(record)  # what a failure's worker said
         page = cell_template.render(page="cell", root="../", run=view, record=record, versions=context["versions"],
-                                    owner=ledger["owner"])  # fmt: skip
+                                    owner=ledger["owner"], log=log)  # fmt: skip
         _write(site / "cells" / f"{record.cell_id}.html", page)
     _write(site / "summary.md", summary_markdown(view, context["tiles"], context["changes"], buckets, stale_data,
                                                        context["cost"]))

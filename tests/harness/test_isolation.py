@@ -56,25 +56,29 @@ def fault_once(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "fault, status, message",
+    "fault, status, message, last_words",
     [
-        (_segfault, "crash", "died of SIGSEGV (segmentation fault) in stage torch-export"),
-        (_hang, "timeout", "ran past the 20 s cell timeout in stage torch-export"),
-        (_blow_up_memory, "oom", "over the 900 MB memory cap, in stage torch-export"),
+        (_segfault, "crash", "died of SIGSEGV (segmentation fault) in stage torch-export", "Segmentation fault"),
+        (_hang, "timeout", "ran past the 20 s cell timeout in stage torch-export", "Timeout"),
+        (_blow_up_memory, "oom", "over the 900 MB memory cap, in stage torch-export", None),
     ],
     ids=["segfault", "hang", "memory"],
 )
-def test_a_faulty_cell_fails_alone_and_the_sweep_goes_on(tmp_path, fault_once, fault, status, message):
+def test_a_faulty_cell_fails_alone_and_the_sweep_goes_on(tmp_path, fault_once, fault, status, message, last_words):
     fault_once(fault)
     warm_imports(["dynamo"])
     store = RunStore(tmp_path / "run")
     store.create({})
     plan = Plan(select("BertModel"), ("dynamo",), ("static", "dynamic"))
-    options = WorkerOptions(timeout=20, memory_cap_mb=900, log_dir=tmp_path / "logs")
+    options = WorkerOptions(timeout=20, memory_cap_mb=900, log_dir=store.logs_dir)
     counts = run_sweep(plan, store, options, jobs=1, progress=Progress(plan.total, every=60))
     first, second = store.read("BertModel-dynamo-static"), store.read("BertModel-dynamo-dynamic")
     assert (first.status, first.stage) == (status, "torch-export"), "the exporter stage it was in, not just 'export'"
     assert message in first.message
+    if last_words:  # the cell's part of the class log says where it crashed or hung: the Python stack
+        log = store.cell_log(first)
+        assert last_words in log and f"in {fault.__name__}" in log, log
+        assert f"in {fault.__name__}" not in store.cell_log(second), "the next cell's part is its own"
     names = [s.name for s in first.stages]
     assert names[:3] == ["config", "build", "eager"], "shared stages kept"
     assert {"signature", "dynamic-shapes"} <= set(names[3:-1]), "the exporter stages that ended before it kept"

@@ -2,6 +2,7 @@
 edge cases (empty, all failing, 2,000 cells, hostile text)."""
 
 import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,7 @@ def real_run(tmp_path_factory):
     def _patch_break_gpt2(original):  # a real ONNX failure for one class, in the ONNX stage it happens in
         def layer_norm(input, *args, **kwargs):
             if input.shape[-1] == 32 and input.dim() == 3 and input.shape[1] == 7 and _is_gpt2():
+                print("layer norm of <32> refused", file=sys.stderr)  # what a library says before it fails
                 raise NotImplementedError("no lowering for this layer norm <script>alert(1)</script>")
             return original(input, *args, **kwargs)
 
@@ -81,7 +83,7 @@ def real_run(tmp_path_factory):
     warm_imports(["dynamo", "onnx"])
     try:
         plan = Plan(select("BertModel,GPT2Model"), ("dynamo", "onnx"), ("static",))
-        run_sweep(plan, store, WorkerOptions(timeout=300), jobs=2, progress=Progress(plan.total, every=60))
+        run_sweep(plan, store, WorkerOptions(timeout=300, log_dir=store.logs_dir), jobs=2, progress=Progress(plan.total, every=60))
     finally:
         registration.PATCHES["onnx"][:] = saved
     store.finish()

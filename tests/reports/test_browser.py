@@ -44,6 +44,9 @@ def site(tmp_path_factory):
     planted = synthetic_record("Model0007ForCausalLM", "onnx", "dynamic", "fail", "onnx-translation",
                                "planted regression", model_type="type7")  # fmt: skip
     after.write(planted)
+    after.logs_dir.mkdir()  # what its worker wrote: long enough to scroll
+    lines = "\n".join(f"[translation] step {n}: <node {n}>" for n in range(300))
+    (after.logs_dir / "Model0007ForCausalLM.log").write_text(f"==> export-sweep cell {planted.cell_id}\n{lines}\n")
     return write_report(root / "after", baseline=root / "before")
 
 
@@ -154,8 +157,8 @@ def test_no_serious_or_critical_accessibility_violation(browser, site):
     axe = Axe()
     page = _page(browser, [])
     problems = {}
-    cell = next((site / "cells").glob("*.html"))
-    for target in [site / name for name in PAGES] + [cell]:
+    cells = [next((site / "cells").glob("*.html")), site / "cells" / "Model0007ForCausalLM-onnx-dynamic.html"]
+    for target in [site / name for name in PAGES] + cells:
         page.goto(target.as_uri())
         results = axe.run(page)
         serious = [v for v in results.response["violations"] if v["impact"] in ("serious", "critical")]

@@ -27,6 +27,9 @@ def test_a_real_run_renders_every_page(real_run):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in cell_page and "<script>alert(1)" not in cell_page
     assert "export-sweep run --models GPT2Model --backends onnx --shapes static --no-cache" in cell_page
     assert "torch-export" in (site / "failures.html").read_text()
+    # the failing cell's part of its worker's log, and only it; a passing cell shows none
+    assert "Worker log" in cell_page and "layer norm of &lt;32&gt; refused" in cell_page and "==&gt;" not in cell_page
+    assert "Worker log" not in (site / "cells" / "GPT2Model-dynamo-static.html").read_text()
     summary = (site / "summary.md").read_text()
     assert "| onnx | static | 1 / 2 | 50.0 |" in summary and "| dynamo | static | 2 / 2 | 100.0 |" in summary
 

@@ -70,7 +70,7 @@ class SweepSession:
         worker_id = getattr(config, "workerinput", {}).get("workerid", "main")
         self.options = WorkerOptions(
             timeout=config.getoption("--sweep-timeout"), memory_cap_mb=config.getoption("--sweep-memory-cap"),
-            threads=1, log_dir=self.store.directory / "logs", disabled_workarounds=disabled,
+            threads=1, log_dir=self.store.logs_dir, disabled_workarounds=disabled,
         )  # fmt: skip
         self.name = worker_id
         self.worker = None
