@@ -39,6 +39,8 @@ except FileNotFoundError:
 EOF
 }
 
+# a function read whole before it runs: editing this file under a running campaign cannot change what it does next
+main() {
 case "${1:-}" in
 run)
     restore
@@ -52,19 +54,19 @@ run)
     done
     finished "$runs/half" && exit 0
     echo "$(date -u +%FT%TZ) half precision"
-    if [ ! -e "$runs/half/run.json" ]; then
-        # the sample's float32 cells are the shards' static cells, at the same commit: copied, not run twice
-        mkdir -p "$runs/half/cells"
-        (cd "$tree" && "$main/.venv/bin/python" -m commands run --models all --sample 200 --seed 1 --list) \
-            | awk -F '\t' 'NF == 3 {print $1}' | while read -r model; do
-                for backend in dynamo onnx executorch; do
-                    for cell in "$runs"/shard-*/cells/"$model-$backend-static.json"; do
-                        if [ -e "$cell" ]; then cp "$cell" "$runs/half/cells/"; fi
-                    done
-                done
+    # the sample's float32 cells are the shards' static cells, at the same commit: copied (a record already there
+    # is kept), not run twice
+    mkdir -p "$runs/half/cells"
+    models=$(cd "$tree" && "$main/.venv/bin/python" -m commands run --models all --sample 200 --seed 1 --list \
+        | awk -F '\t' 'NF == 3 {print $1}') || { echo "the sample's classes could not be listed: run again"; exit 1; }
+    for model in $models; do
+        for backend in dynamo onnx executorch; do
+            for cell in "$runs"/shard-*/cells/"$model-$backend-static.json"; do
+                if [ -e "$cell" ]; then cp -n "$cell" "$runs/half/cells/"; fi
             done
-        echo "half precision: $(ls "$runs/half/cells" | wc -l) float32 cells taken from the shards"
-    fi
+        done
+    done
+    echo "half precision: $(ls "$runs/half/cells" | wc -l) cells on record, float32 ones taken from the shards"
     (cd "$tree" && nice -n 19 "$main/.venv/bin/python" -m commands run --models all --sample 200 --seed 1 \
         --backends dynamo,onnx,executorch --shapes static --dtypes float32,bfloat16,float16 --jobs 2 --no-cache \
         --resume --no-report --out "$runs/half") || echo "half precision exited $?: its records stay, run again"
@@ -139,3 +141,7 @@ EOF
     exit 2
     ;;
 esac
+}
+
+main "$@"
+exit
