@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import socket
 import subprocess
 import tempfile
@@ -255,9 +256,10 @@ class RunStore:
     def cell_log(self, record: CellRecord) -> str | None:
         """What the cell's worker wrote while it ran the cell (native libraries' logs, warnings, a crash's last
         words), its last ``CELL_LOG_KEPT`` characters; None when the run kept no log of it."""
-        path = self.logs_dir / f"{record.model_class}.log"
+        if not _plain_name(record.model_class):  # a record is a file anyone can write: no path out of logs/
+            return None
         try:
-            text = path.read_text(encoding="utf-8", errors="replace")
+            text = (self.logs_dir / f"{record.model_class}.log").read_text(encoding="utf-8", errors="replace")
         except OSError:
             return None
         start = text.rfind(f"{CELL_LOG_MARKER}{record.cell_id}\n")  # the last: a resumed run appends
@@ -278,6 +280,10 @@ class RunStore:
         if record.cell_id != path.stem:
             raise CorruptRecordError(f"{path}:1: holds cell {record.cell_id!r}, not {path.stem!r}")
         return record
+
+
+def _plain_name(name: str | None) -> bool:
+    return bool(name) and re.fullmatch(r"\w[\w.-]*", name) is not None
 
 
 def require_run(directory: str | Path, what: str = "run") -> RunStore:

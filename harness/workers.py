@@ -11,6 +11,7 @@ the same record.
 
 from __future__ import annotations
 
+import ctypes
 import faulthandler
 import gc
 import os
@@ -100,7 +101,9 @@ def _signal_name(number: int) -> str:
 # Reading a child's private memory walks its pages: 21 ms for a 600 MB worker, which at every 0.2 s poll of two
 # workers took a fifth of a core from the cells. Its whole resident set costs 0.02 ms and bounds it from above.
 PRIVATE_MEMORY_EVERY = 2.0  # seconds between reads of a running child's private memory (its peak)
-HANG_DUMP_AHEAD = 1.0  # seconds before its timeout at which a running cell writes its stacks to the log
+STACKS_SIGNAL = signal.SIGUSR1  # asks a worker to write its Python stacks to its log (faulthandler)
+STACKS_WAIT = 0.2  # seconds given to that before the kill
+_C_STDIO = ctypes.CDLL(None)
 
 
 def _resident_mb(pid: int) -> float | None:
@@ -265,6 +268,12 @@ class ClassWorker:
         return status
 
     def _kill(self, status: str, message: str) -> CellRecord:
+        if self.options.log_dir is not None and self.pid is not None:  # where it stood: its stacks, in its log
+            try:
+                os.kill(self.pid, STACKS_SIGNAL)
+                time.sleep(STACKS_WAIT)
+            except ProcessLookupError:
+                pass
         self._reap(force=True)
         return self._failure(status, message)
 
@@ -338,6 +347,7 @@ class ClassWorker:
             sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
             sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
         faulthandler.enable(file=2, all_threads=True)  # a crash's last words: the Python stack it died in, in the log
+        faulthandler.register(STACKS_SIGNAL, file=2, all_threads=True)  # asked for by the parent before a kill
         import torch
 
         torch.set_num_threads(self.options.threads)
@@ -364,11 +374,7 @@ class ClassWorker:
             if self.options.log_dir is not None:  # where this cell's part of the class log starts
                 sys.stdout.flush()
                 sys.stderr.flush()
+                _C_STDIO.fflush(None)  # native code's buffered output belongs to the cell before
                 os.write(2, f"\n{CELL_LOG_MARKER}{cell.id}\n".encode())
-            # a cell about to be killed for its time says where it is stuck first
-            faulthandler.dump_traceback_later(max(self.options.timeout - HANG_DUMP_AHEAD, 0.1), file=2)
-            try:
-                record = run_cell(cell, context, self.registry, on_stage)
-            finally:
-                faulthandler.cancel_dump_traceback_later()
+            record = run_cell(cell, context, self.registry, on_stage)
             connection.send(("record", record.to_dict()))

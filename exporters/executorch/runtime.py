@@ -55,7 +55,7 @@ ERROR_NAMES = {
     0x25: "OutOfResources", 0x30: "DelegateInvalidCompatibility", 0x31: "DelegateMemoryAllocationFailed",
     0x32: "DelegateInvalidHandle",
 }  # fmt: skip
-_ERROR_CODE = re.compile(r"error:? 0x:?([0-9a-fA-F]+)\b")
+_ERROR_CODE = re.compile(r"error:? 0x:?([0-9a-fA-F]+)\b")  # "error 0x12", and loading's "error: 0x:23"
 _LOG_SOURCE = re.compile(r"^\[[\w.]+:\d+\]\s*")  # "[op_copy.cpp:37] ": where in the runtime's code
 _LOG_NOISE = re.compile(r"^arg \d+ with type id \d+$")  # the failed kernel's arguments, listed after its failure
 _LOG_LINES_KEPT = 3
@@ -66,23 +66,27 @@ def with_runtime_log(call):
     in its log, which its bindings write to ``sys.stderr``: an error raised here has the code's name and the last
     lines the runtime logged during the call. The log still reaches stderr."""
     stderr = sys.stderr
+    if stderr is None:  # no stream to pass the log on to (pythonw): the bindings write nowhere either
+        return call()
     sys.stderr = tee = _Tee(stderr)
     try:
         return call()
     except RuntimeError as error:
-        raise RuntimeError(explained(str(error), "".join(tee.written))) from error
+        raise RuntimeError(explained(str(error), tee.written)) from error
     finally:
         sys.stderr = stderr
 
 
 class _Tee:
-    """A stream that keeps what is written to it and passes it on."""
+    """A stream that passes on what is written to it and keeps its end."""
+
+    KEPT = 20_000  # characters: a long generate logs on, the failure is told last
 
     def __init__(self, target):
-        self.target, self.written = target, []
+        self.target, self.written = target, ""
 
     def write(self, text):
-        self.written.append(text)
+        self.written = (self.written + text)[-self.KEPT :]
         return self.target.write(text)
 
     def __getattr__(self, name):  # flush, fileno, encoding...: the target's

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.store import CELL_LOG_MARKER
 from reports import write_report
 
 from .conftest import synthetic_record, synthetic_run
@@ -46,8 +47,10 @@ def site(tmp_path_factory):
     after.write(planted)
     after.logs_dir.mkdir()  # what its worker wrote: long enough to scroll
     lines = "\n".join(f"[translation] step {n}: <node {n}>" for n in range(300))
-    (after.logs_dir / "Model0007ForCausalLM.log").write_text(f"==> export-sweep cell {planted.cell_id}\n{lines}\n")
-    return write_report(root / "after", baseline=root / "before")
+    (after.logs_dir / "Model0007ForCausalLM.log").write_text(f"{CELL_LOG_MARKER}{planted.cell_id}\n{lines}\n")
+    site = write_report(root / "after", baseline=root / "before")
+    assert "step 299: &lt;node 299&gt;" in (site / "cells" / f"{planted.cell_id}.html").read_text()
+    return site
 
 
 def _page(browser, errors):
