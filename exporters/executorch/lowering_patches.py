@@ -361,31 +361,6 @@ def _patch_dim_order_of_contiguous_strides(original):
 
 
 @register_patch(
-    "executorch",
-    "executorch.exir.passes.prune_empty_tensors_pass.PruneEmptyTensorsPass.remove_empty_tensors_from_cat",
-    reports=True,
-    model_side="upstream change: ExecuTorch's PruneEmptyTensorsPass.remove_empty_tensors_from_cat should not "
-               "replace a cat of only-empty inputs by a `full` whose shape contains symbolic sizes (the emitter "
-               "cannot serialise them: 'Unsupported type encountered in int list'), or should build that shape "
-               "from graph nodes.",
-)
-def _patch_empty_cat_left_whole(original):
-    """A `cat` of empty tensors only becomes a `full` of the cat's shape, written into the graph as size values: a
-    symbolic size is no node there, and the emitter refuses it ("Unsupported type encountered in int list";
-    MistralLarge 4's zero-width key cache, dynamic). Such a cat of a symbolic shape stays, empty inputs and all."""
-    from torch.fx.experimental.symbolic_shapes import guard_or_true
-
-    def remove_empty_tensors_from_cat(self, graph_module, cat_node):
-        all_empty = not any(guard_or_true(arg.meta["val"].numel() != 0) for arg in cat_node.args[0])
-        if all_empty and not all(isinstance(size, int) for size in cat_node.meta["val"].shape):
-            report_applied()
-            return
-        original(self, graph_module, cat_node)
-
-    return remove_empty_tensors_from_cat
-
-
-@register_patch(
     "executorch", "executorch.exir.passes.replace_view_copy_with_view_pass._is_view_copy", reports=True,
     upstream="https://github.com/pytorch/executorch/issues/20008",
 )

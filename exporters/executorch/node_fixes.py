@@ -423,23 +423,38 @@ def _has_no_elements(node) -> bool:
 
 @register_fx_node_fix(
     "executorch",
-    model_side="upstream change: ExecuTorch's portable cat kernel should compute the output size from every "
-               "non-skipped input (including a zero-width one of full rank), skipping only the legacy 1-D empty "
-               "tensors, so cat((empty_1d, x_with_zero_width)) keeps x's shape.",
+    model_side="upstream change: ExecuTorch's portable cat kernel should add up the lengths of every input of full "
+               "rank, empty ones included (skipping only the legacy 1-D empty tensors), and PruneEmptyTensorsPass "
+               "should size the `full` it puts for a cat of empty inputs from graph nodes when the size is "
+               "symbolic (the emitter refuses symbolic sizes: 'Unsupported type encountered in int list').",
 )
-def _fix_empty_cat_as_its_tensor(graph_module, node) -> bool:
-    """A cache that starts as a 1-D tensor of no elements, which `cat` passes over, concatenated with a step's tensor
-    of zero width (MistralLarge 4's layers without rope): the runtime's `cat` adds up the lengths of the tensors that
-    have elements only, so the result lost its length (eager (3, 1, 9, 0), the program (3, 1, 0, 0)). It is the
-    step's tensor."""
+def _fix_empty_cat_as_zeros_of_its_size(graph_module, node) -> bool:
+    """A concatenation of tensors of no elements, of a symbolic size: Mistral Large 4's cache of zero width for its
+    layers without rope, grown by each step's. The runtime's `cat` adds up the lengths of the inputs that have
+    elements only, so the cache lost its length (eager (3, 1, 9, 0), the program (3, 1, 0, 0)) and the next step's
+    copy refused it (0x12); and the lowering's own replacement writes the size as values, which a symbolic size is
+    not. It is zeros of its size, each symbolic size read from the inputs: along the cat, their sum; across it, the
+    first's. The legacy 1-D empty tensors `cat` passes over add nothing."""
     if node.op != "call_function" or node.target is not torch.ops.aten.cat.default:
         return False
-    passed_over = [tensor for tensor in node.args[0] if _has_no_elements(tensor) and tensor.meta["val"].dim() == 1]
-    kept = [tensor for tensor in node.args[0] if tensor not in passed_over]
-    if not passed_over or len(kept) != 1 or not _has_no_elements(kept[0]) or kept[0].op == "placeholder":
-        return False
-    node.replace_all_uses_with(kept[0])
-    graph_module.graph.erase_node(node)
+    tensors, shape = node.args[0], node.meta["val"].shape
+    if not all(_has_no_elements(tensor) for tensor in tensors) or all(isinstance(size, int) for size in shape):
+        return False  # static: the lowering writes it as a `full`
+    axis = (node.args[1] if len(node.args) > 1 else 0) % len(shape)
+    ranked = [tensor for tensor in tensors if tensor.meta["val"].dim() == len(shape)]
+    graph = graph_module.graph
+    with graph.inserting_before(node):
+        sizes = []
+        for index, size in enumerate(shape):
+            if isinstance(size, int):
+                sizes.append(size)
+                continue
+            lengths = [_call(graph, torch.ops.aten.sym_size.int, tensor, index) for tensor in
+                       (ranked if index == axis else ranked[:1])]  # fmt: skip
+            sizes.append(functools.reduce(lambda total, length: _call(graph, operator.add, total, length), lengths))
+        zeros = _call(graph, torch.ops.aten.new_zeros.default, ranked[0], sizes, dtype=node.meta["val"].dtype)
+    node.replace_all_uses_with(zeros)
+    graph.erase_node(node)
     return True
 
 

@@ -705,6 +705,13 @@ class EmptyCacheExtended(torch.nn.Module):
         return states * 2, torch.cat([torch.tensor([]), values], dim=-2)
 
 
+class EmptyCacheGrown(torch.nn.Module):
+    """A decode step's value cache of zero width (MistralLarge 4's layers without rope) grown by the step's values."""
+
+    def forward(self, past, states):
+        return states * 2, torch.cat([past, states[..., :0].unsqueeze(1)], dim=-2)
+
+
 class KeypointPlaces(torch.nn.Module):
     """EfficientLoFTR's coarse keypoints: a matched index (-1 when unmatched) split into column and row, by a
     width that is a tensor, a constant, a negative divisor and a size (symbolic when exported dynamic)."""

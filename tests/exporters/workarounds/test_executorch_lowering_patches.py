@@ -13,7 +13,6 @@ from exporters.workarounds import disabled_workarounds
 
 from ..conftest import TOLERANCE
 from .modules import (
-    EmptyKeysConcatenated,
     ExpertCapacity,
     FusedProjection,
     GuardedProjection,
@@ -245,18 +244,6 @@ def test_xnnpack_leaves_tensors_of_more_than_six_axes_to_portable_kernels():
         exported = exporter.export(model, {"frames": frames}, config)
         with pytest.raises(RuntimeError, match="0x:1"):  # XNNPACK cannot define the 8-axis tensor
             exported(frames=frames)
-
-
-def test_executorch_keeps_a_cat_of_empty_tensors_of_a_symbolic_shape():
-    model, states = EmptyKeysConcatenated().eval(), torch.randn(2, 5, 4)
-    exporter, config = exporters.exporter_for("executorch", dynamic=True)
-    exported = exporter.export(model, {"states": states}, config)
-    assert "_patch_empty_cat_left_whole" in exported.applied
-    other = torch.randn(3, 7, 4)
-    for got, want in zip(exported(states=other).values(), model(other), strict=True):
-        assert got.shape == want.shape and torch.equal(got, want)
-    with disabled_workarounds("_patch_empty_cat_left_whole"), pytest.raises(exporters.ExportError, match="int list"):
-        exporter.export(model, {"states": states}, config)
 
 
 def test_executorch_plans_memory_for_the_largest_value_of_each_size():

@@ -18,6 +18,8 @@ from .modules import (
     CircularTokenConvolution,
     CroppedUpscale,
     EmptyCacheExtended,
+    EmptyCacheGrown,
+    EmptyKeysConcatenated,
     EvalModeDropout,
     ExpandedKeys,
     KeypointPlaces,
@@ -229,17 +231,31 @@ def test_executorch_lays_out_the_nonzero_of_a_matrix_by_rows(dynamic):
         exporter.export(model, {"scores": scores}, config)(scores=other)  # the copy read the rows as columns
 
 
-def test_executorch_keeps_the_length_of_a_concatenation_of_empty_tensors():
-    model, states = EmptyCacheExtended().eval(), torch.randn(2, 5, 4)
+@pytest.mark.parametrize(
+    "module, sizes, other_sizes",
+    [
+        (EmptyCacheExtended, {"states": (2, 5, 4)}, {"states": (3, 7, 4)}),  # a 1-D empty start, then the step's
+        (EmptyKeysConcatenated, {"states": (2, 5, 4)}, {"states": (3, 7, 4)}),  # along the axis of no width
+        (EmptyCacheGrown, {"past": (2, 1, 5, 0), "states": (2, 1, 4)}, {"past": (3, 1, 8, 0), "states": (3, 1, 4)}),
+    ],
+    ids=["first-step", "keys", "decode-step"],
+)
+def test_executorch_sizes_a_concatenation_of_empty_tensors_as_eager(module, sizes, other_sizes):
+    torch.manual_seed(0)
+    model = module().eval()
+    inputs, other = ({name: torch.randn(size) for name, size in given.items()} for given in (sizes, other_sizes))
     exporter, config = exporters.exporter_for("executorch", dynamic=True)
-    exported = exporter.export(model, {"states": states}, config)
-    assert "_fix_empty_cat_as_its_tensor" in exported.applied
-    other = torch.randn(3, 7, 4)
-    got = list(exported(states=other).values())
-    assert [tuple(tensor.shape) for tensor in got] == [(3, 7, 4), (3, 1, 7, 0)]
-    with disabled_workarounds("_fix_empty_cat_as_its_tensor"):
-        exported = exporter.export(model, {"states": states}, config)
-        assert tuple(list(exported(states=other).values())[1].shape) == (3, 1, 0, 0)  # the runtime's length
+    exported = exporter.export(model, inputs, config)
+    assert "_fix_empty_cat_as_zeros_of_its_size" in exported.applied
+    for got, want in zip(exported(**other).values(), model(**other), strict=True):
+        assert got.shape == want.shape and torch.equal(got, want)
+    with disabled_workarounds("_fix_empty_cat_as_zeros_of_its_size"):
+        try:
+            shapes = [tuple(got.shape) for got in exporter.export(model, inputs, config)(**other).values()]
+        except exporters.ExportError as error:  # the lowering's `full` of a symbolic size
+            assert "int list" in str(error)
+        else:
+            assert shapes != [tuple(want.shape) for want in model(**other)]  # the runtime's cat lost the length
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
