@@ -44,6 +44,7 @@ def test_junit_has_one_testcase_per_cell(real_run):
     assert [(case.get("classname"), case.get("name")) for case in failed] == [
         ("tests.sweep.test_sweep", "test_cell[GPT2Model-onnx-static]")
     ]
+    assert "layer norm of <32> refused" in failed[0].find("system-err").text  # its part of the worker's log
 
 
 def test_an_empty_run_renders(tmp_path):
