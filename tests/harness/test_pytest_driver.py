@@ -45,6 +45,9 @@ def test_with_a_baseline_the_exit_status_says_whether_something_got_worse(tmp_pa
 def test_last_failed_runs_only_the_cells_that_failed(tmp_path):
     first = sweep(tmp_path, "first", BREAK)
     assert first.returncode == 1
+    store = RunStore(tmp_path / "first")  # the failure shows what its worker wrote
+    log = store.cell_log(store.read("LongformerForMaskedLM-dynamo-static"))
+    assert log and "Captured stderr call" in first.stdout and log.strip().splitlines()[-1] in first.stdout
     again = sweep(tmp_path, "again", BREAK, "--lf")
     assert "rerun previous 1 failure" in again.stdout and "1 failed" in again.stdout, again.stdout[-2000:]
     assert RunStore(tmp_path / "again").cell_ids() == {"LongformerForMaskedLM-dynamo-static"}
