@@ -32,6 +32,7 @@ def _environment() -> Environment:
     environment.filters["clip"] = lambda text, limit=TRACEBACK_LIMIT: _clip(text, limit)
     environment.filters["first_line"] = lambda text: (text or "").strip().splitlines()[0][:300] if (text or "").strip() else ""
     environment.filters["safe_url"] = _safe_url
+    environment.filters["pass_rate"] = lambda tally: data.percent(*tally)  # as the tiles and summary.md round it
     environment.globals.update(category=data.category, labels=data.CATEGORY_LABELS, modality=data.modality)
     return environment
 
