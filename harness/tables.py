@@ -116,6 +116,10 @@ TINY_OVERRIDES: dict[str, dict] = {
                            "initializer_range": 0.2},
     # the sparse-attention indexer is sized by checkpoints only (defaults None); one key head, as it requires
     "qwen4_exp_text": _QWEN4_INDEXER,
+    # its indexer pools keys by 16: the tiny prompt (11 tokens) completes none, the decode program is traced with
+    # no pool and guarded on the length staying under 16, which generation passes. Pools of 4 (two in the prompt)
+    # keep the pool count symbolic, as a real prompt of two pools or more does
+    "glm5_next_text": {"index_kpool": 4},
     # its cache sizes heads from widths rounded up to 64 while its layers do not: widths that need no rounding
     "xlstm": {"hidden_size": 128, "embedding_dim": 128},
     # its patch_size is the crop each ViT sees, which must be the ViTs' image size, and fit a quarter of the image;

@@ -169,6 +169,15 @@ def test_a_model_that_cannot_make_its_own_cache_generates_without_one_as_generat
     assert _generates_like_eager(model, prompt).cache == "past_key_values"
 
 
+def test_a_pooled_indexer_generates_past_the_pools_of_its_prompt():
+    """GLM-5 Next's indexer pools its keys. A prompt that completes no pool traces the decode program with none,
+    guarded on the length staying under one pool; the tiny prompt holds two, and generation completes more."""
+    model, prompt = _sweep_class("Glm5NextForConditionalGeneration")
+    pool, length = model.config.text_config.index_kpool, prompt["input_ids"].shape[1]
+    assert length // pool >= 2 and (length + NEW_TOKENS) // pool > length // pool
+    _generates_like_eager(model, prompt)
+
+
 def test_an_encoder_decoder_reading_its_encoders_downsampled_mask_gets_it_from_the_prefill():
     """Moonshine's decoder reads ``encoder_outputs.attention_mask``, the mask its encoder downsampled, which the
     model's own output drops: the prefill returns it, and every decode step takes it beside the states."""
