@@ -99,15 +99,15 @@ def write_report(run_dir, baseline=None, history=None, out=None, stale=None, wor
         page = environment.get_template(template).render(page=filename, root="", **context, **extra)
         _write(site / filename, page)
     cell_template = environment.get_template("cell.html")
-    store = RunStore(run_dir)
+    store = RunStore(run_dir)  # what a failure's worker said, read once for its page and junit.xml
+    logs = {r.cell_id: store.cell_log(r) for r in view.records if r.status not in ("pass", "skip")}
     for record in view.records:
-        log = None if record.status in ("pass", "skip") else store.cell_log(record)  # what a failure's worker said
         page = cell_template.render(page="cell", root="../", run=view, record=record, versions=context["versions"],
-                                    owner=ledger["owner"], log=log)  # fmt: skip
+                                    owner=ledger["owner"], log=logs.get(record.cell_id))  # fmt: skip
         _write(site / "cells" / f"{record.cell_id}.html", page)
     _write(site / "summary.md", summary_markdown(view, context["tiles"], context["changes"], buckets, stale_data,
                                                        context["cost"]))
-    _write(site / "junit.xml", junit_xml(view, context["changes"], store.cell_log))
+    _write(site / "junit.xml", junit_xml(view, context["changes"], logs))
     _write(site / data.NIGHTS_FILE, json.dumps({"nights": trend["nights"]}, indent=0))
     if base is not None:  # what the nightly's issue and exit code are made of, for tools
         kinds = context["changes"]["kinds"]
@@ -256,10 +256,10 @@ def _cost_markdown(cost: dict) -> list[str]:
 JUNIT_CLASS = "tests.sweep.test_sweep"  # as pytest names the sweep's items: one identity everywhere
 
 
-def junit_xml(view, changes=None, cell_log=None) -> str:
+def junit_xml(view, changes=None, logs=None) -> str:
     """One testcase per cell, named as pytest names it (``test_cell[<cell id>]``). Against a baseline, a cell that
     failed there too is an expected failure (skipped, type pytest.xfail); a planned cell without a record fails.
-    A failure carries its part of the worker's log (``cell_log(record)``) as the testcase's standard error."""
+    A failure carries its part of the worker's log (``logs``, by cell id) as the testcase's standard error."""
     kinds = {change.cell_id: change.kind for items in (changes or {}).get("kinds", {}).values() for change in items}
     cases, failures, skipped = [], 0, 0
     for record in view.records:
@@ -278,7 +278,7 @@ def junit_xml(view, changes=None, cell_log=None) -> str:
         else:
             failures += 1
             body = _xml_text(_clip(record.traceback or record.message or "", 20_000))
-            log = cell_log(record) if cell_log is not None else None
+            log = (logs or {}).get(record.cell_id)
             err = f"<system-err>{_xml_text(log)}</system-err>" if log else ""
             cases.append(f"{head}><failure message={message} type={_attribute(record.error_type or record.status)}>"
                          f"{body}</failure>{err}</testcase>")  # fmt: skip
