@@ -178,6 +178,15 @@ def test_a_pooled_indexer_generates_past_the_pools_of_its_prompt():
     _generates_like_eager(model, prompt)
 
 
+def test_a_block_indexer_generates_past_the_block_count_of_its_prompt():
+    """Qwen 4 Exp's indexer pools keys into blocks of 4. Its patch counted the blocks with max() and one_hot(),
+    which fixed the decode program to the count at trace time: it refused the step whose cache makes a third."""
+    model, prompt = _sweep_class("Qwen4ExpForCausalLM")
+    ratio, length = model.config.indexer_compress_ratio, prompt["input_ids"].shape[1]
+    assert (length + NEW_TOKENS) // ratio > (length + 1) // ratio
+    _generates_like_eager(model, prompt)
+
+
 def test_an_encoder_decoder_reading_its_encoders_downsampled_mask_gets_it_from_the_prefill():
     """Moonshine's decoder reads ``encoder_outputs.attention_mask``, the mask its encoder downsampled, which the
     model's own output drops: the prefill returns it, and every decode step takes it beside the states."""

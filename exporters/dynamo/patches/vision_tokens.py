@@ -160,12 +160,14 @@ def _patch_qwen4_indexer_by_masks(original):
             keys = past_key_values.update_indexer(keys, self.layer_idx)
 
         visible = (attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0)[:, 0]
-        ratio, most = self.compress_ratio, max(visible.shape[-1] // self.compress_ratio, 1)
+        # sym_max and a comparison, not max() and one_hot(): both would fix the block count at its traced value
+        ratio, most = self.compress_ratio, torch.sym_max(visible.shape[-1] // self.compress_ratio, 1)
         rank = visible.long().cumsum(-1) - 1  # among the keys the query sees, in order
         filled = visible.sum(-1, keepdim=True) // ratio  # complete blocks per query
         pooled = visible & (rank < filled * ratio)
         block = torch.where(pooled, rank // ratio, most)
-        member = torch.nn.functional.one_hot(block, most + 1)[..., :most].float()  # (batch, query, key, block)
+        blocks = torch.arange(most, device=block.device)
+        member = (block[..., None] == blocks).float()  # (batch, query, key, block)
         block_keys = self.k_layernorm((torch.einsum("bqkm,bkd->bqmd", member, keys.float()) / ratio).to(keys.dtype))
         first = member * (rank % ratio == 0)[..., None]  # each block rotated by its first key's position
         cos, sin = (torch.einsum("bqkm,bkd->bqmd", first, table.float()).to(table.dtype)
@@ -173,8 +175,9 @@ def _patch_qwen4_indexer_by_masks(original):
         block_keys = rotate(block_keys.unsqueeze(3), cos=cos, sin=sin, unsqueeze_dim=3).squeeze(3)
         scores = torch.einsum("bqhd,bqmd->bqmh", queries.float(), block_keys.float()).relu().sum(-1)
         scores = scores / math.sqrt(self.index_head_dim)
-        fillable = torch.arange(most, device=scores.device) < filled
-        best = scores.masked_fill(~fillable, float("-inf")).topk(min(self.block_topk, most), dim=-1).indices
+        fillable = blocks < filled
+        kept_count = torch.sym_min(self.block_topk, most)
+        best = scores.masked_fill(~fillable, float("-inf")).topk(kept_count, dim=-1).indices
         chosen = torch.zeros_like(fillable).scatter(-1, best, fillable.gather(-1, best))
         kept = chosen.gather(-1, block.clamp(max=most - 1)) & pooled
         return (kept | (visible & ~pooled)).unsqueeze(1)
