@@ -31,6 +31,9 @@ from .tiny import IMAGE, PATCH, SPECIAL_FLOOR, special_token_ids, text_vocab
 
 # The two input sets: "A" is exported with, "B" (another batch and length) runs dynamic exports.
 INPUT_SIZES = {"A": (2, 7), "B": (3, 5)}
+# an encoder-decoder's decoder text: as long as its encoder's in A, one shorter in B, so that a program traced on A
+# whose decoder length was tied to its encoder's refuses B
+DECODER_LENGTHS = {"A": INPUT_SIZES["A"][1], "B": INPUT_SIZES["B"][1] - 1}
 AUDIO_SAMPLES = {"A": 8000, "B": 6400}  # raw audio: ~25 frames after a wav2vec2-style feature extractor
 # A backbone's last map is 1/16 to 1/32 of its image; 1/16 keeps both axes of a tiny image's map above 1.
 BACKBONE_MAP_STRIDE = 16
@@ -395,9 +398,12 @@ def _decoder_input_ids(context: Context) -> torch.Tensor | None:
     if any(getattr(config, "is_encoder_decoder", False) for config in configs if config is not None):
         codebooks = _decoder_codebooks(context.config)
         channels = getattr(getattr(context.config, "decoder_config", None), "num_channels", None)
+        # a sequence classifier reads its decoder's states at its encoder's end-of-sequence tokens: equal lengths
+        classifier = type(context.model).__name__.endswith("ForSequenceClassification")
+        length = context.length if classifier else DECODER_LENGTHS[context.label]
         if isinstance(channels, int) and channels > 1:  # Dia's decoder: a code per audio channel, channels last
-            return torch.stack([context.tokens() for _ in range(channels)], dim=-1)
-        return context.tokens(batch=context.batch * codebooks) if codebooks else context.tokens()
+            return torch.stack([context.tokens(length) for _ in range(channels)], dim=-1)
+        return context.tokens(length, batch=context.batch * codebooks) if codebooks else context.tokens(length)
     if context.parameters["decoder_input_ids"].default is inspect.Parameter.empty:
         return context.tokens()
     if getattr(context.config, "canvas_length", None):  # block diffusion: else a canvas drawn at random

@@ -297,6 +297,16 @@ def test_local_attention_blocks_are_smaller_than_the_tiny_texts():
     assert context.config.num_global_tokens <= context.config.block_size < shortest
 
 
+@pytest.mark.parametrize("name, shorter", [("BartModel", True), ("BartForSequenceClassification", False)])
+def test_the_second_input_set_gives_a_decoder_its_own_length(name, shorter):
+    """Traced with the decoder as long as its encoder, a program that tied the two lengths passed its dynamic cell
+    unseen (an SDPA patch of ours did). A sequence classifier reads its decoder at its encoder's end tokens."""
+    inputs = ClassContext(select(name)[0]).prepare().inputs
+    assert inputs["A"]["decoder_input_ids"].shape == inputs["A"]["input_ids"].shape
+    decoder, encoder = inputs["B"]["decoder_input_ids"].shape[1], inputs["B"]["input_ids"].shape[1]
+    assert (decoder < encoder) if shorter else (decoder == encoder)
+
+
 def test_a_vision_language_model_gets_one_placeholder_per_image_feature():
     context = ClassContext(select("LlavaForConditionalGeneration")[0]).prepare()
     ids = context.inputs["A"]["input_ids"]

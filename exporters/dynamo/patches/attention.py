@@ -10,6 +10,7 @@ import inspect
 from contextlib import contextmanager
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ...registration import applied_reporter, register_patch, register_switch, report_applied
 
@@ -38,8 +39,14 @@ def _patch_sdpa_skips_a_future_only_mask_as_eager_does(original):
         # argument is often derived from the mask being there (Moonshine's decoder), which eager drops and the trace
         # keeps
         module_is_causal = kwargs.get("is_causal") or getattr(module, "is_causal", True)
-        square = attention_mask is not None and attention_mask.dtype == torch.bool and query.shape[2] == key.shape[2]
-        if module_is_causal or not square or attention_mask.shape[-2] != attention_mask.shape[-1]:
+        # square by its shapes' symbols, not their traced sizes: asking whether a cross-attention's decoder length
+        # equals its encoder's merged the two axes of the program when they were traced equal
+        square = (
+            attention_mask is not None and attention_mask.dtype == torch.bool
+            and statically_known_true(query.shape[2] == key.shape[2])
+            and statically_known_true(attention_mask.shape[-2] == attention_mask.shape[-1])
+        )
+        if module_is_causal or not square:
             return sdpa_attention_forward(module, query, key, value, attention_mask, *args, **kwargs)
         report()
         if id(attention_mask) not in as_eager_reads:

@@ -210,11 +210,11 @@ def _patch_streaming_mask_by_argmax(original):
     def adaptive_enc_mask(x_len, chunk_start_idx, left_window=0, right_window=0):
         starts = torch.as_tensor(chunk_start_idx).long()
         start_pad = torch.nn.functional.pad(starts, (1, 0))
-        end_pad = torch.nn.functional.pad(starts, (0, 1), value=x_len)
+        end_pad = torch.cat([starts, starts.new_ones(1) * x_len])  # pad's value= would fix a symbolic x_len
         frames = torch.arange(0, x_len)
         chunk = ((frames[:, None] < end_pad) & (frames[:, None] >= start_pad)).int().argmax(dim=-1)
         left = start_pad[(chunk - left_window).clamp(min=0)]
-        right = end_pad[(chunk + right_window).clamp(max=len(starts))]
+        right = end_pad[(chunk + right_window).clamp(max=starts.shape[0])]
         return (frames[None] >= left[:, None]) & (frames[None] < right[:, None])
 
     def _streaming_mask(self, seq_len, batch_size, chunk_size, left_chunk):

@@ -89,6 +89,17 @@ def test_a_causal_mask_without_padding_is_skipped_as_eager_skips_it_for_a_module
         assert_parity(causal(**inputs), context.expected["A"], TOLERANCE["dynamo"])
 
 
+def test_a_cross_attention_traced_with_equal_lengths_keeps_its_decoder_length_free():
+    """The patch asks whether an attention is square only of its shapes' symbols: asking of their sizes merged a
+    seq-to-seq program's decoder length into its encoder's when both were traced at 7."""
+    context = built_by_the_sweep("BartModel")
+    inputs = context.inputs["A"]
+    assert inputs["decoder_input_ids"].shape[1] == inputs["input_ids"].shape[1]
+    exported = export_tiny(context, "dynamo", dynamic=True)
+    shorter = dict(inputs, decoder_input_ids=inputs["decoder_input_ids"][:, :3])
+    assert_parity(exported(**shorter), context._forward(shorter), TOLERANCE["dynamo"])
+
+
 def test_attention_over_the_patches_a_mask_leaves_visible_exports_and_follows_the_mask():
     context = built_by_the_sweep("VideoMAEForPreTraining")  # encodes the patches left visible
     inputs = context.inputs["A"]

@@ -125,6 +125,26 @@ def test_phi4_streaming_mask_by_argmax_matches_the_nonzero_one():
         assert torch.equal(streaming(model, 13, 2, chunk, 1), expected)
 
 
+def test_phi4_streaming_mask_keeps_a_symbolic_frame_count_free():
+    """The chunk ends were padded with `pad(value=frames)` and clamped by `len()`: both fixed the program's frame
+    count at its traced value, and a longer audio was refused."""
+    from transformers.models.phi4_multimodal import modeling_phi4_multimodal as phi4
+
+    from exporters.dynamo.patches.audio_windows import _patch_streaming_mask_by_argmax
+
+    by_argmax = _patch_streaming_mask_by_argmax(phi4.adaptive_enc_mask)
+
+    class ChunkMask(torch.nn.Module):
+        def forward(self, features):
+            frames = features.shape[1]
+            return by_argmax(frames, torch.arange(0, frames, 4), 1, 0)
+
+    program = torch.export.export(ChunkMask(), (torch.randn(2, 10),), dynamic_shapes=({1: torch.export.Dim.AUTO},))
+    for frames in (10, 13):
+        starts = torch.arange(0, frames, 4).numpy()
+        assert torch.equal(program.module()(torch.randn(2, frames)), phi4.adaptive_enc_mask(frames, starts, 1, 0))
+
+
 @pytest.mark.parametrize("name", ["Qwen2_5OmniThinkerModel", "Qwen3OmniMoeThinkerModel"])
 def test_omni_audio_chunks_on_a_grid_are_eagers_chunks(name):
     from exporters.dynamo.patches.audio_windows import _patch_omni_audio_chunks_on_a_grid
