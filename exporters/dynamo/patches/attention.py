@@ -166,7 +166,10 @@ def _patch_no_padding_means_no_mask(original):
     convolutions) then meet a mask of the wrong size. With nothing to check, the export skips it like eager."""
 
     def ignore(padding_mask, kv_length, local_attention_size=None):
-        if padding_mask is None and (local_attention_size is None or kv_length < local_attention_size):
+        # a local window skipped only where the length is known to fit it: asked of a symbolic length, the answer
+        # bounded the program (ModernBERT's refused sequences past its window)
+        fits = local_attention_size is None or statically_known_true(kv_length < local_attention_size)
+        if padding_mask is None and fits:
             report_applied()
             return True
         return original(padding_mask, kv_length, local_attention_size)

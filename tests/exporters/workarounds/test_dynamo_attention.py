@@ -6,13 +6,14 @@ it.
 import contextlib
 
 import pytest
+import torch
 
 import exporters
 from exporters.workarounds import disabled_workarounds
 from exporters.dynamo.patches.attention import SEGMENTED_ATTENTION
 
 from ..conftest import TOLERANCE, assert_parity
-from .modules import built_by_the_sweep, check_class_case, check_dynamic_cell_case, export_tiny
+from .modules import built_by_the_sweep, check_class_case, check_dynamic_cell_case, export_module, export_tiny
 
 
 CLASS_CASES = [  # (model class, tiny as the sweep builds it, backend, workaround, error without it)
@@ -98,6 +99,15 @@ def test_a_cross_attention_traced_with_equal_lengths_keeps_its_decoder_length_fr
     exported = export_tiny(context, "dynamo", dynamic=True)
     shorter = dict(inputs, decoder_input_ids=inputs["decoder_input_ids"][:, :3])
     assert_parity(exported(**shorter), context._forward(shorter), TOLERANCE["dynamo"])
+
+
+def test_local_attention_without_a_padding_mask_keeps_the_sequence_length_free():
+    """Without a padding mask the patch skipped ModernBERT's local-window mask when the traced length fit the
+    window, and the program refused any sequence past it."""
+    context = built_by_the_sweep("ModernBertModel")
+    exported = export_module(context.model, {"input_ids": context.inputs["A"]["input_ids"]}, "dynamo", dynamic=True)
+    longer = {"input_ids": torch.randint(5, 90, (2, context.model.config.local_attention + 12))}
+    assert_parity(exported(**longer), context._forward(longer), TOLERANCE["dynamo"])
 
 
 def test_attention_over_the_patches_a_mask_leaves_visible_exports_and_follows_the_mask():
