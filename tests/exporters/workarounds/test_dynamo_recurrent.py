@@ -7,6 +7,7 @@ import torch
 
 import exporters
 from exporters.workarounds import disabled_workarounds
+from harness.inputs import DECODER_LENGTHS, INPUT_SIZES
 
 from ..conftest import TOLERANCE, assert_parity
 from .modules import (
@@ -28,7 +29,9 @@ from .modules import (
 ])  # fmt: skip
 def test_recurrences_over_time_keep_a_symbolic_length_as_scan_ops(name, workaround, text):
     fixed = fixed_axes_with_and_without(name, [workaround])
-    assert f"{text} axis 1 = 7 (second set: 5)" in fixed[workaround]
+    texts = {label: size[1] for label, size in INPUT_SIZES.items()}
+    lengths = DECODER_LENGTHS if text == "decoder_input_ids" else texts
+    assert f"{text} axis 1 = {lengths['A']} (second set: {lengths['B']})" in fixed[workaround]
 
 
 def test_mlstm_as_a_scan_is_the_chunkwise_form_past_a_whole_chunk():
